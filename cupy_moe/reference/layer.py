@@ -1,0 +1,132 @@
+"""The full MoE layer (../spec moe_layer.md) in NumPy: the oracle of the GPU path.
+
+Rounding points of the production (bf16) precision, each where the GPU path writes bf16 to memory:
+  forward   g = bf16(x Wg^T), u = bf16(x Wu^T), a = bf16(silu(g) u)       per sorted row, saved
+            y_e = bf16(a Wd^T)                                           per sorted row
+            out = bf16(sum_k w_k y_e + y_shared)   (the combine sums in fp32, k ascending)
+            shared: gs, us, as = bf16(...) as above, y_shared = bf16(as Wsd^T)
+  backward  da' = dy Wd_e (fp32, never stored); dw = <da', a> (fp32)
+            dg = bf16(w da' u silu'(g)), du = bf16(w da' silu(g))
+            dWd_e = bf16(bf16(w dy)^T a), dWg_e = bf16(dg^T x), dWu_e = bf16(du^T x)
+            dx_e = bf16(dg Wg_e + du Wu_e) per sorted row
+            shared: dgs, dus = bf16(...), dWs* = bf16(...), its dx stays fp32
+            router: dlogits, dWr = dlogits^T x and dx_router = dlogits Wr in fp32
+            dx = bf16(sum_k dx_e + dx_shared + dx_router)
+Between these points everything is fp32. The float64 precision rounds nowhere.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import MoEConfig
+from ..context import MoEContext, MoEGradients
+from .precision import Precision, precision_for, silu_and_grad
+from .routing import route, router_backward, routing_sort
+
+
+def _swiglu_forward(P: Precision, x, w_gate, w_up):
+    g = P.store(x @ P.load(w_gate).T)
+    u = P.store(x @ P.load(w_up).T)
+    silu, _ = silu_and_grad(g)
+    return g, u, P.store(silu * u)
+
+
+def _swiglu_backward(P: Precision, da, g, u):
+    """From the gradient at a (already scaled by the routing weight) to (dg, du), both stored."""
+    silu, dsilu = silu_and_grad(g)
+    return P.store(da * u * dsilu), P.store(da * silu)
+
+
+def forward(hidden_states, router_weight, e_score_correction_bias, expert_gate_weight,
+            expert_up_weight, expert_down_weight, shared_expert_gate_weight,
+            shared_expert_up_weight, shared_expert_down_weight, config: MoEConfig):
+    P = precision_for(hidden_states.dtype)
+    T, H = hidden_states.shape
+    E, K, I = config.n_routed_experts, config.num_experts_per_tok, config.moe_intermediate_size
+    x = P.load(hidden_states)
+    scores, idx, w = route(x, P.load(router_weight), e_score_correction_bias, config)
+    slots, offsets, counts = routing_sort(idx, E)
+    rows_x = x[slots // K]
+    n = T * K
+    gate, up, act = (np.zeros((n, I), P.acc) for _ in range(3))
+    y_sorted = np.zeros((n, H), P.acc)
+    for e in range(E):
+        rows = slice(offsets[e], offsets[e + 1])
+        if offsets[e] == offsets[e + 1]:
+            continue
+        gate[rows], up[rows], act[rows] = _swiglu_forward(
+            P, rows_x[rows], expert_gate_weight[e], expert_up_weight[e])
+        y_sorted[rows] = P.store(act[rows] @ P.load(expert_down_weight[e]).T)
+    y_slot = np.empty_like(y_sorted)
+    y_slot[slots] = y_sorted
+    y = (w.reshape(T, K, 1) * y_slot.reshape(T, K, H)).sum(axis=1)
+    shared = (None, None, None)
+    if config.n_shared_experts:
+        shared = _swiglu_forward(P, x, shared_expert_gate_weight, shared_expert_up_weight)
+        y = y + P.store(shared[2] @ P.load(shared_expert_down_weight).T)
+    out = P.out(P.store(y))
+    ctx = MoEContext(
+        config=config, hidden_states=hidden_states, router_weight=router_weight,
+        expert_gate_weight=expert_gate_weight, expert_up_weight=expert_up_weight,
+        expert_down_weight=expert_down_weight, shared_expert_gate_weight=shared_expert_gate_weight,
+        shared_expert_up_weight=shared_expert_up_weight,
+        shared_expert_down_weight=shared_expert_down_weight,
+        scores=scores, topk_indices=idx, topk_weights=w, tokens_per_expert=counts,
+        expert_offsets=offsets, sorted_slots=slots,
+        gate=P.out(gate), up=P.out(up), act=P.out(act),
+        shared_gate=None if shared[0] is None else P.out(shared[0]),
+        shared_up=None if shared[1] is None else P.out(shared[1]),
+        shared_act=None if shared[2] is None else P.out(shared[2]))
+    return out, ctx
+
+
+def backward(grad_output, ctx: MoEContext) -> MoEGradients:
+    cfg = ctx.config
+    P = precision_for(ctx.hidden_states.dtype)
+    T, H = ctx.hidden_states.shape
+    E, K, I = cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size
+    x, dy = P.load(ctx.hidden_states), P.load(grad_output)
+    slots, offsets = ctx.sorted_slots, ctx.expert_offsets
+    tok = slots // K
+    w_rows = ctx.topk_weights.reshape(-1)[slots].astype(P.acc)[:, None]
+    n = T * K
+    dw_sorted = np.zeros(n, P.acc)
+    dx_sorted = np.zeros((n, H), P.acc)
+    d_gate_w = np.zeros((E, I, H), P.storage)
+    d_up_w = np.zeros((E, I, H), P.storage)
+    d_down_w = np.zeros((E, H, I), P.storage)
+    for e in range(E):
+        if offsets[e] == offsets[e + 1]:
+            continue  # an expert without tokens has exactly zero weight gradients
+        rows = slice(offsets[e], offsets[e + 1])
+        xs, dys, ws = x[tok[rows]], dy[tok[rows]], w_rows[rows]
+        g, u, a = P.load(ctx.gate[rows]), P.load(ctx.up[rows]), P.load(ctx.act[rows])
+        wg, wu = P.load(ctx.expert_gate_weight[e]), P.load(ctx.expert_up_weight[e])
+        da_unweighted = dys @ P.load(ctx.expert_down_weight[e])
+        dw_sorted[rows] = (da_unweighted * a).sum(axis=1)
+        dg, du = _swiglu_backward(P, ws * da_unweighted, g, u)
+        d_down_w[e] = P.out(P.store(P.store(ws * dys).T @ a))
+        d_gate_w[e] = P.out(P.store(dg.T @ xs))
+        d_up_w[e] = P.out(P.store(du.T @ xs))
+        dx_sorted[rows] = P.store(dg @ wg + du @ wu)
+    dx_slot = np.empty_like(dx_sorted)
+    dx_slot[slots] = dx_sorted
+    dx = dx_slot.reshape(T, K, H).sum(axis=1)
+    dw = np.empty(n, P.acc)
+    dw[slots] = dw_sorted
+    d_logits = router_backward(dw.reshape(T, K), ctx.scores, ctx.topk_indices, ctx.topk_weights, cfg)
+    d_router_w = d_logits.T @ x
+    dx = dx + d_logits @ P.load(ctx.router_weight)
+    shared = (None, None, None)
+    if cfg.n_shared_experts:
+        gs, us, as_ = P.load(ctx.shared_gate), P.load(ctx.shared_up), P.load(ctx.shared_act)
+        dgs, dus = _swiglu_backward(P, dy @ P.load(ctx.shared_expert_down_weight), gs, us)
+        shared = (P.out(P.store(dgs.T @ x)), P.out(P.store(dus.T @ x)),
+                  P.out(P.store(dy.T @ as_)))
+        dx = dx + (dgs @ P.load(ctx.shared_expert_gate_weight)
+                   + dus @ P.load(ctx.shared_expert_up_weight))
+    return MoEGradients(
+        hidden_states=P.out(P.store(dx)), router_weight=d_router_w.astype(P.acc),
+        expert_gate_weight=d_gate_w, expert_up_weight=d_up_w, expert_down_weight=d_down_w,
+        shared_expert_gate_weight=shared[0], shared_expert_up_weight=shared[1],
+        shared_expert_down_weight=shared[2])

@@ -1,0 +1,189 @@
+"""Argument checks for every public function: one place, one wording for every error.
+
+All checks run on shapes, dtypes and strides only, except `check_topk_indices`, which reads the
+index values (one small reduction and a host sync on the GPU path) so that a bad routing never
+reaches a kernel.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._arrays import bfloat16, is_array, is_cupy_array
+
+
+def _dtype_name(dt) -> str:
+    dt = np.dtype(dt)
+    return "bfloat16" if dt == bfloat16 else dt.name
+
+
+class Dims:
+    """Binds symbolic dimension names (T, H, ...) to sizes as arrays are checked.
+
+    The first array that mentions a name fixes its size; every later mention must agree, and the
+    error names both arguments so the user sees which two disagree.
+    """
+
+    def __init__(self, **known: int):
+        self.sizes = dict(known)
+        self.source = {k: "the config" for k in known}
+
+    def __getitem__(self, name: str) -> int:
+        return self.sizes[name]
+
+    def check(self, name: str, a, dtypes, dims: tuple) -> None:
+        """Check array `a`, argument `name`: dtype in `dtypes`, shape `dims`, C-contiguous."""
+        dtypes = tuple(np.dtype(d) for d in (dtypes if isinstance(dtypes, (tuple, list)) else (dtypes,)))
+        if a.dtype not in dtypes:
+            want = " or ".join(_dtype_name(d) for d in dtypes)
+            raise TypeError(f"{name}: expected dtype {want}, got {_dtype_name(a.dtype)}")
+        spec = "(" + ", ".join(str(d) for d in dims) + ")"
+        if a.ndim != len(dims):
+            raise ValueError(f"{name}: expected a {len(dims)}-d array of shape {spec}, "
+                             f"got {a.ndim}-d shape {tuple(a.shape)}")
+        for axis, (d, n) in enumerate(zip(dims, a.shape)):
+            want = d if isinstance(d, int) else self.sizes.get(d)
+            if want is None:
+                self.sizes[d] = int(n)
+                self.source[d] = f"{name}.shape[{axis}]"
+            elif n != want:
+                where = "" if isinstance(d, int) else f" ({d} = {want} from {self.source[d]})"
+                raise ValueError(f"{name}: expected shape {spec}{where}, got {tuple(a.shape)}")
+        if not a.flags.c_contiguous:
+            raise ValueError(f"{name}: expected a C-contiguous array, got strides {a.strides} "
+                             f"for shape {tuple(a.shape)} (pass xp.ascontiguousarray({name}))")
+
+
+def check_topk_indices(name: str, idx, n_experts: int) -> None:
+    """Every index in [0, n_experts) and no index repeated within a row."""
+    if idx.size == 0:
+        return
+    if is_cupy_array(idx):
+        import cupy as xp
+    else:
+        xp = np
+    lo, hi = int(idx.min()), int(idx.max())  # one host sync on the GPU path
+    if lo < 0 or hi >= n_experts:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"{name}: expected expert indices in [0, {n_experts}), found {bad}")
+    k = idx.shape[1]
+    if k > 1:
+        s = xp.sort(idx, axis=1)
+        rep = (s[:, 1:] == s[:, :-1]).any(axis=1)
+        if bool(rep.any()):
+            row = int(xp.argmax(rep))
+            raise ValueError(f"{name}: expected distinct experts within a row, row {row} repeats "
+                             f"one: {idx[row].tolist()}")
+
+
+def require_module(name: str, a, gpu: bool) -> None:
+    if is_cupy_array(a) != gpu:
+        want, got = ("cupy.ndarray", "numpy.ndarray") if gpu else ("numpy.ndarray", "cupy.ndarray")
+        raise TypeError(f"{name}: expected a {want} like the forward's inputs, got a {got}")
+
+
+_FLOAT32 = np.dtype(np.float32)
+_FLOAT64 = np.dtype(np.float64)
+_INT64 = np.dtype(np.int64)
+
+MOE_WEIGHTS = ("router_weight", "expert_gate_weight", "expert_up_weight", "expert_down_weight",
+               "shared_expert_gate_weight", "shared_expert_up_weight", "shared_expert_down_weight")
+
+
+def moe_forward_args(args: dict, config):
+    """Check moe_forward's arguments (a name -> value dict in signature order); returns xp."""
+    from .config import MoEConfig
+
+    if not isinstance(config, MoEConfig):
+        raise TypeError(f"config: expected a cupy_moe.MoEConfig, got {type(config).__name__}")
+    if config.n_shared_experts == 0:
+        for name in MOE_WEIGHTS[4:]:
+            if args[name] is not None:
+                raise ValueError(f"{name}: expected None since config.n_shared_experts == 0, "
+                                 f"got an array of shape {tuple(args[name].shape)}")
+    else:
+        for name in MOE_WEIGHTS[4:]:
+            if args[name] is None:
+                raise ValueError(f"{name}: expected an array since config.n_shared_experts = "
+                                 f"{config.n_shared_experts}, got None")
+    xp = array_module_of(args)
+    x = args["hidden_states"]
+    # bf16 everywhere (both paths), or float64 everywhere (the NumPy gradient-check path).
+    floats = (bfloat16,) if xp is not np else (bfloat16, _FLOAT64)
+    dims = Dims(H=config.hidden_size, E=config.n_routed_experts, I=config.moe_intermediate_size,
+                Is=config.shared_intermediate_size)
+    dims.check("hidden_states", x, floats, ("T", "H"))
+    dt = x.dtype
+    bias_dtypes = (_FLOAT32,) if dt == bfloat16 else (_FLOAT32, _FLOAT64)
+    dims.check("router_weight", args["router_weight"], dt, ("E", "H"))
+    dims.check("e_score_correction_bias", args["e_score_correction_bias"], bias_dtypes, ("E",))
+    dims.check("expert_gate_weight", args["expert_gate_weight"], dt, ("E", "I", "H"))
+    dims.check("expert_up_weight", args["expert_up_weight"], dt, ("E", "I", "H"))
+    dims.check("expert_down_weight", args["expert_down_weight"], dt, ("E", "H", "I"))
+    if config.n_shared_experts:
+        dims.check("shared_expert_gate_weight", args["shared_expert_gate_weight"], dt, ("Is", "H"))
+        dims.check("shared_expert_up_weight", args["shared_expert_up_weight"], dt, ("Is", "H"))
+        dims.check("shared_expert_down_weight", args["shared_expert_down_weight"], dt, ("H", "Is"))
+    return xp
+
+
+def moe_backward_args(grad_output, ctx):
+    """Check moe_backward's arguments; returns xp."""
+    from .context import MoEContext
+
+    if not isinstance(ctx, MoEContext):
+        raise TypeError(f"ctx: expected the cupy_moe.MoEContext returned by moe_forward, "
+                        f"got {type(ctx).__name__}")
+    if not is_array(grad_output):
+        raise TypeError(f"grad_output: expected a numpy.ndarray or cupy.ndarray, "
+                        f"got {type(grad_output).__name__}")
+    gpu = is_cupy_array(ctx.hidden_states)
+    require_module("grad_output", grad_output, gpu)
+    x = ctx.hidden_states
+    dims = Dims(T=x.shape[0], H=x.shape[1])
+    dims.source.update(T="ctx.hidden_states.shape[0]", H="ctx.hidden_states.shape[1]")
+    dims.check("grad_output", grad_output, x.dtype, ("T", "H"))
+    if gpu:
+        import cupy
+        return cupy
+    return np
+
+
+SOL080_ARGS = (
+    ("grad_output", bfloat16, ("T", "H")),
+    ("hidden_states", bfloat16, ("T", "H")),
+    ("router_weight", bfloat16, ("E", "H")),
+    ("e_score_correction_bias", _FLOAT32, ("E",)),
+    ("router_logits", _FLOAT32, ("T", "E")),
+    ("scores", _FLOAT32, ("T", "E")),
+    ("topk_indices", _INT64, ("T", "K")),
+    ("topk_weights", _FLOAT32, ("T", "K")),
+    ("score_mask", _FLOAT32, ("T", "E")),
+    ("shared_expert_gate_weight", bfloat16, ("I", "H")),
+    ("shared_expert_up_weight", bfloat16, ("I", "H")),
+    ("shared_expert_down_weight", bfloat16, ("H", "I")),
+    ("shared_gate_output", bfloat16, ("T", "I")),
+    ("shared_up_output", bfloat16, ("T", "I")),
+    ("shared_activated", bfloat16, ("T", "I")),
+)
+
+
+def sol080_args(args: dict):
+    """Check sol080_backward's 15 arguments; returns (xp, dims) with T, H, I, E, K bound."""
+    for name, _, _ in SOL080_ARGS:
+        if args[name] is None:
+            raise TypeError(f"{name}: expected an array, got None")
+    xp = array_module_of(args)
+    dims = Dims()
+    for name, dtype, shape in SOL080_ARGS:
+        dims.check(name, args[name], dtype, shape)
+    if dims["K"] > dims["E"]:
+        raise ValueError(f"topk_indices: expected K <= E = {dims['E']} distinct experts per row, "
+                         f"got K = {dims['K']}")
+    check_topk_indices("topk_indices", args["topk_indices"], dims["E"])
+    return xp, dims
+
+
+def array_module_of(args: dict):
+    from ._arrays import array_module
+
+    return array_module(args.items())
