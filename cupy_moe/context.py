@@ -19,6 +19,7 @@ class MoEContext:
     Expert-sorted layout (the rows of every grouped GEMM; N = T*K):
       expert_offsets    [E+1]  int32    expert e owns sorted rows expert_offsets[e] : expert_offsets[e+1]
       sorted_slots      [N]    int32    flat slot t*K + k of each sorted row (tokens ascending per expert)
+      slot_rows         [N]    int32    sorted row of each flat slot (the inverse permutation)
       gate, up, act     [N, I] bf16     g = x W_g^T, u = x W_u^T, a = silu(g) * u, per sorted row
     Shared expert (None when n_shared_experts == 0):
       shared_gate, shared_up, shared_act [T, I * n_shared_experts] bf16
@@ -43,6 +44,7 @@ class MoEContext:
     tokens_per_expert: Any
     expert_offsets: Any
     sorted_slots: Any
+    slot_rows: Any
     gate: Any
     up: Any
     act: Any

@@ -146,3 +146,12 @@ SOL080_WORKLOADS = ((384, 0.18), (6144, 0.25), (8192, 0.39), (3719, 0.25), (512,
                     (192, 0.11), (211, 0.13), (3072, 0.26), (4093, 0.23), (1879, 0.20),
                     (3089, 0.22), (2053, 0.23), (997, 0.36), (1571, 0.20), (1321, 0.24),
                     (293, 0.12))
+
+
+def ctx_to_numpy(ctx):
+    """A copy of a GPU MoEContext with every array on the host (for the NumPy reference)."""
+    import dataclasses
+
+    return dataclasses.replace(ctx, **{
+        f.name: _as_numpy(getattr(ctx, f.name)) for f in dataclasses.fields(ctx)
+        if f.name != "config" and getattr(ctx, f.name) is not None})

@@ -35,3 +35,24 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def poisoned_memory():
+    """Every CuPy allocation starts as 0xFF bytes (NaN in bf16/fp32, -1 in ints), so an output
+    element that no kernel wrote shows up in the comparison."""
+    import cupy
+
+    pool = cupy.cuda.MemoryPool()
+
+    def alloc(size):
+        mem = pool.malloc(size)
+        cupy.cuda.runtime.memsetAsync(mem.ptr, 0xFF, size, cupy.cuda.get_current_stream().ptr)
+        return mem
+
+    cupy.cuda.set_allocator(alloc)
+    try:
+        yield
+    finally:
+        cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)
+        pool.free_all_blocks()

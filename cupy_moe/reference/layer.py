@@ -7,7 +7,7 @@ Rounding points of the production (bf16) precision, each where the GPU path writ
             shared: gs, us, as = bf16(...) as above, y_shared = bf16(as Wsd^T)
   backward  da' = dy Wd_e (fp32, never stored); dw = <da', a> (fp32)
             dg = bf16(w da' u silu'(g)), du = bf16(w da' silu(g))
-            dWd_e = bf16(bf16(w dy)^T a), dWg_e = bf16(dg^T x), dWu_e = bf16(du^T x)
+            dWd_e = bf16(dy^T bf16(w a)), dWg_e = bf16(dg^T x), dWu_e = bf16(du^T x)
             dx_e = bf16(dg Wg_e + du Wu_e) per sorted row
             shared: dgs, dus = bf16(...), dWs* = bf16(...), its dx stays fp32
             router: dlogits, dWr = dlogits^T x and dx_router = dlogits Wr in fp32
@@ -37,14 +37,32 @@ def _swiglu_backward(P: Precision, da, g, u):
     return P.store(da * u * dsilu), P.store(da * silu)
 
 
+def _inverse(perm: np.ndarray) -> np.ndarray:
+    inv = np.empty_like(perm)
+    inv[perm] = np.arange(perm.size, dtype=perm.dtype)
+    return inv
+
+
 def forward(hidden_states, router_weight, e_score_correction_bias, expert_gate_weight,
             expert_up_weight, expert_down_weight, shared_expert_gate_weight,
             shared_expert_up_weight, shared_expert_down_weight, config: MoEConfig):
     P = precision_for(hidden_states.dtype)
+    scores, idx, w = route(P.load(hidden_states), P.load(router_weight), e_score_correction_bias,
+                           config)
+    return forward_routed(hidden_states, router_weight, expert_gate_weight, expert_up_weight,
+                          expert_down_weight, shared_expert_gate_weight, shared_expert_up_weight,
+                          shared_expert_down_weight, config, scores, idx, w)
+
+
+def forward_routed(hidden_states, router_weight, expert_gate_weight, expert_up_weight,
+                   expert_down_weight, shared_expert_gate_weight, shared_expert_up_weight,
+                   shared_expert_down_weight, config: MoEConfig, scores, idx, w):
+    """The layer after routing, given (scores, topk_indices, topk_weights): lets a test feed the
+    GPU's own routing decisions, which near-ties in fp32 may resolve differently."""
+    P = precision_for(hidden_states.dtype)
     T, H = hidden_states.shape
     E, K, I = config.n_routed_experts, config.num_experts_per_tok, config.moe_intermediate_size
     x = P.load(hidden_states)
-    scores, idx, w = route(x, P.load(router_weight), e_score_correction_bias, config)
     slots, offsets, counts = routing_sort(idx, E)
     rows_x = x[slots // K]
     n = T * K
@@ -72,7 +90,7 @@ def forward(hidden_states, router_weight, e_score_correction_bias, expert_gate_w
         shared_expert_up_weight=shared_expert_up_weight,
         shared_expert_down_weight=shared_expert_down_weight,
         scores=scores, topk_indices=idx, topk_weights=w, tokens_per_expert=counts,
-        expert_offsets=offsets, sorted_slots=slots,
+        expert_offsets=offsets, sorted_slots=slots, slot_rows=_inverse(slots),
         gate=P.out(gate), up=P.out(up), act=P.out(act),
         shared_gate=None if shared[0] is None else P.out(shared[0]),
         shared_up=None if shared[1] is None else P.out(shared[1]),
@@ -105,7 +123,7 @@ def backward(grad_output, ctx: MoEContext) -> MoEGradients:
         da_unweighted = dys @ P.load(ctx.expert_down_weight[e])
         dw_sorted[rows] = (da_unweighted * a).sum(axis=1)
         dg, du = _swiglu_backward(P, ws * da_unweighted, g, u)
-        d_down_w[e] = P.out(P.store(P.store(ws * dys).T @ a))
+        d_down_w[e] = P.out(P.store(dys.T @ P.store(ws * a)))
         d_gate_w[e] = P.out(P.store(dg.T @ xs))
         d_up_w[e] = P.out(P.store(du.T @ xs))
         dx_sorted[rows] = P.store(dg @ wg + du @ wu)

@@ -1,0 +1,245 @@
+"""The benchmark: SOL-080 workloads and the full-layer backward, next to peers in the same run.
+
+Method (../shared/perf/anchors.md): CUDA events around the public call as a user makes it, L2
+flushed (a 256 MiB write) before each timed call, median of --reps (>= 20), warm-up first.
+Peers: a cuBLAS-composed CuPy version of the same math (cupy.matmul for every GEMM, a loop over
+experts for the routed part) and, where PyTorch imports, the same with torch.
+Usage: PYTHONPATH=. python bench/benchmark.py [--sol080] [--layer] [--reps 20] [--T 4096,8192]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import numpy as np
+
+PEAK_FLOPS = 989e12        # datasheet bf16 dense
+PEAK_BYTES = 4.8e12        # datasheet HBM3e
+MEAS_FLOPS = 789e12        # measured cuBLAS ceiling (anchors.md)
+MEAS_BYTES = 4.22e12
+
+
+def timer(reps):
+    import cupy as cp
+
+    flush = cp.empty(256 * 1024 * 1024 // 4, cp.float32)
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+
+    def measure(fn, warmup=3):
+        for _ in range(warmup):
+            fn()
+        cp.cuda.Device().synchronize()
+        times = []
+        for _ in range(reps):
+            flush.fill(1.0)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(cp.cuda.get_elapsed_time(start, end) * 1e3)
+        return statistics.median(times)
+
+    return measure
+
+
+# ---------------------------------------------------------------- SOL-080
+def sol080_cupy_peer(g, x, wr, bias, logits, scores, idx, tw, mask, wg, wu, wd, gate, up, act):
+    import cupy as cp
+    from cupy_moe import bfloat16
+
+    f32 = cp.float32
+    K = idx.shape[1]
+    d_act = g @ wd
+    grad_wd = g.T @ act
+    gf, uf, daf = gate.astype(f32), up.astype(f32), d_act.astype(f32)
+    t = (daf * uf).astype(bfloat16).astype(f32)
+    sig = 1 / (1 + cp.exp(-gf))
+    d_up = (daf * (gf * sig).astype(bfloat16).astype(f32)).astype(bfloat16)
+    d_gate = (t * sig * (1 + gf * (1 - sig))).astype(bfloat16)
+    grad_wg = d_gate.T @ x
+    grad_wu = d_up.T @ x
+    h = ((d_up @ wu).astype(f32) + (d_gate @ wg).astype(f32)).astype(bfloat16)
+    g32 = g.astype(f32)
+    q = (g32 * g32).sum(1) / K
+    S = tw.sum(1) + f32(1e-20)
+    c = (q - (q[:, None] * tw / S[:, None]).sum(1)) / S
+    G = cp.zeros(scores.shape, f32)
+    cp.add.at(G, (cp.repeat(cp.arange(idx.shape[0]), K), idx.ravel()), cp.repeat(c, K))
+    grl = G * mask * scores * (1 - scores)
+    grad_router = grl.T @ x.astype(f32)
+    grad_h = (h.astype(f32) + (grl.astype(bfloat16) @ wr).astype(f32)).astype(bfloat16)
+    return grad_h, grad_router, grad_wg, grad_wu, grad_wd
+
+
+def sol080_torch_peer():
+    try:
+        import torch
+    except Exception:
+        return None
+
+    def run(g, x, wr, bias, logits, scores, idx, tw, mask, wg, wu, wd, gate, up, act):
+        K = idx.shape[1]
+        d_act = g @ wd
+        grad_wd = g.t() @ act
+        gf, uf, daf = gate.float(), up.float(), d_act.float()
+        t = (daf * uf).bfloat16().float()
+        sig = torch.sigmoid(gf)
+        d_up = (daf * (gf * sig).bfloat16().float()).bfloat16()
+        d_gate = (t * sig * (1 + gf * (1 - sig))).bfloat16()
+        grad_wg, grad_wu = d_gate.t() @ x, d_up.t() @ x
+        h = ((d_up @ wu).float() + (d_gate @ wg).float()).bfloat16()
+        g32 = g.float()
+        q = (g32 * g32).sum(1) / K
+        S = tw.sum(1) + 1e-20
+        c = (q - (q[:, None] * tw / S[:, None]).sum(1)) / S
+        G = torch.zeros_like(scores).scatter_add_(1, idx, c[:, None].expand(-1, K).contiguous())
+        grl = G * mask * scores * (1 - scores)
+        grad_router = grl.t() @ x.float()
+        grad_h = (h.float() + (grl.bfloat16() @ wr).float()).bfloat16()
+        return grad_h, grad_router, grad_wg, grad_wu, grad_wd
+
+    return torch, run
+
+
+def sol080_table(reps):
+    import cupy as cp
+
+    import cupy_moe
+    from cupy_moe.testing import SOL080_WORKLOADS, make_sol080_inputs, sol080_pass_rule
+
+    measure = timer(reps)
+    H, I, E, K = 4096, 1408, 128, 8
+    torch_peer = sol080_torch_peer()
+    rows = []
+    print(f"\nSOL-080 (H={H}, I={I}, E={E}, K={K}); us, median of {reps}, L2 flushed")
+    print(f"{'T':>6} {'ours':>8} {'cupy':>8} {'torch':>8} {'SOL':>7} {'x cupy':>7} {'x torch':>7} "
+          f"{'%SOL':>6} {'TFLOP/s':>8} pass")
+    for T, atol in SOL080_WORKLOADS:
+        a = make_sol080_inputs(T, H, I, E, K, seed=T, xp=cp)
+        args = list(a.values())
+        ours = cupy_moe.sol080_backward(*args)
+        ref = sol080_cupy_peer(*args)
+        ok = all(sol080_pass_rule(o, r, atol) for o, r in zip(ours, ref))
+        t_ours = measure(lambda: cupy_moe.sol080_backward(*args))
+        t_cupy = measure(lambda: sol080_cupy_peer(*args))
+        t_torch = float("nan")
+        if torch_peer:
+            torch, run = torch_peer
+            targs = [torch.from_dlpack(v) for v in args]
+            t_torch = measure(lambda: run(*targs))
+        flops = 2 * T * H * (6 * I + 2 * E)
+        nbytes = (2 * T * H * 2 + T * E * 4 * 3 + T * K * 12 + 3 * I * H * 2 + 3 * T * I * 2  # inputs
+                  + T * H * 2 + E * H * 4 + 3 * I * H * 2)                                  # outputs
+        sol = max(flops / PEAK_FLOPS, nbytes / PEAK_BYTES) * 1e6
+        rows.append((T, t_ours, t_cupy, t_torch, sol))
+        print(f"{T:>6} {t_ours:8.1f} {t_cupy:8.1f} {t_torch:8.1f} {sol:7.1f} {t_cupy / t_ours:7.2f} "
+              f"{t_torch / t_ours:7.2f} {100 * sol / t_ours:5.1f}% {flops / t_ours / 1e6:8.1f} "
+              f"{'ok' if ok else 'FAIL'}")
+    m = np.mean(np.array([r[1:] for r in rows]), axis=0)
+    print(f"{'mean':>6} {m[0]:8.1f} {m[1]:8.1f} {m[2]:8.1f} {m[3]:7.1f} {m[1] / m[0]:7.2f} "
+          f"{m[2] / m[0]:7.2f} {100 * m[3] / m[0]:5.1f}%")
+    return rows
+
+
+# ---------------------------------------------------------------- full layer backward
+def layer_cupy_peer(dy, ctx):
+    """The same backward composed of cupy.matmul calls, a loop over experts (sorted layout)."""
+    import cupy as cp
+    from cupy_moe import bfloat16
+
+    cfg = ctx.config
+    f32 = cp.float32
+    x = ctx.hidden_states
+    T, H = x.shape
+    E, K = cfg.n_routed_experts, cfg.num_experts_per_tok
+    offs = ctx.expert_offsets.get()
+    tok = ctx.sorted_slots // K
+    w_rows = ctx.topk_weights.reshape(-1)[ctx.sorted_slots][:, None]
+    dys, xs = dy[tok], x[tok]
+    dx_sorted = cp.empty((T * K, H), bfloat16)
+    dw_sorted = cp.empty(T * K, f32)
+    dWg, dWu, dWd = (cp.zeros_like(ctx.expert_gate_weight), cp.zeros_like(ctx.expert_up_weight),
+                     cp.zeros_like(ctx.expert_down_weight))
+    for e in range(E):
+        lo, hi = int(offs[e]), int(offs[e + 1])
+        if lo == hi:
+            continue
+        r = slice(lo, hi)
+        g, u, a = ctx.gate[r].astype(f32), ctx.up[r].astype(f32), ctx.act[r].astype(f32)
+        dap = cp.matmul(dys[r], ctx.expert_down_weight[e]).astype(f32)
+        dw_sorted[r] = (dap * a).sum(1)
+        da = w_rows[r] * dap
+        s = 1 / (1 + cp.exp(-g))
+        dg = (da * u * s * (1 + g * (1 - s))).astype(bfloat16)
+        du = (da * g * s).astype(bfloat16)
+        dWd[e] = dys[r].T @ (w_rows[r] * a).astype(bfloat16)
+        dWg[e] = dg.T @ xs[r]
+        dWu[e] = du.T @ xs[r]
+        dx_sorted[r] = dg @ ctx.expert_gate_weight[e] + du @ ctx.expert_up_weight[e]
+    dw = dw_sorted[ctx.slot_rows].reshape(T, K)
+    s_sel = cp.take_along_axis(ctx.scores, ctx.topk_indices, 1)
+    D = s_sel.sum(1, keepdims=True) + f32(1e-20)
+    r_ = f32(cfg.routed_scaling_factor)
+    ds = (r_ / D) * (dw - (dw * ctx.topk_weights).sum(1, keepdims=True) / r_)
+    dS = cp.zeros_like(ctx.scores)
+    cp.put_along_axis(dS, ctx.topk_indices, ds, 1)
+    dl = dS * ctx.scores * (1 - ctx.scores)
+    xf = x.astype(f32)
+    dWr = dl.T @ xf
+    dx = dx_sorted[ctx.slot_rows].astype(f32).reshape(T, K, H).sum(1) + dl @ ctx.router_weight.astype(f32)
+    das = (dy @ ctx.shared_expert_down_weight).astype(f32)
+    gs, us = ctx.shared_gate.astype(f32), ctx.shared_up.astype(f32)
+    s = 1 / (1 + cp.exp(-gs))
+    dgs = (das * us * s * (1 + gs * (1 - s))).astype(bfloat16)
+    dus = (das * gs * s).astype(bfloat16)
+    dWsd = dy.T @ ctx.shared_act
+    dWsg, dWsu = dgs.T @ x, dus.T @ x
+    dx += (dgs @ ctx.shared_expert_gate_weight + dus @ ctx.shared_expert_up_weight).astype(f32)
+    return dx.astype(bfloat16), dWr, dWg, dWu, dWd, dWsg, dWsu, dWsd
+
+
+def layer_table(reps, Ts):
+    import cupy as cp
+
+    import cupy_moe
+    from cupy_moe.testing import make_moe_inputs, relative_error
+
+    measure = timer(reps)
+    cfg = cupy_moe.MoEConfig.glm45_air()
+    H, I, E = cfg.hidden_size, cfg.moe_intermediate_size, cfg.n_routed_experts
+    print(f"\nFull GLM-4.5-Air layer backward; ms, median of {reps}, L2 flushed")
+    print(f"{'T':>6} {'ours':>8} {'cupy':>8} {'x cupy':>7} {'TFLOP/s':>8} {'%789':>6} relerr(dx, dWg)")
+    args = make_moe_inputs(cfg, max(Ts), seed=0, xp=cp)
+    dy_all = make_moe_inputs(cfg, max(Ts), seed=1, xp=cp)["hidden_states"]
+    for T in Ts:
+        a = dict(args, hidden_states=args["hidden_states"][:T].copy())
+        dy = dy_all[:T].copy()
+        out, ctx = cupy_moe.moe_forward(**a, config=cfg)
+        g = cupy_moe.moe_backward(dy, ctx)
+        p = layer_cupy_peer(dy, ctx)
+        err = (relative_error(g.hidden_states, p[0]), relative_error(g.expert_gate_weight, p[2]))
+        t_ours = measure(lambda: cupy_moe.moe_backward(dy, ctx), warmup=2) / 1e3
+        t_cupy = measure(lambda: layer_cupy_peer(dy, ctx), warmup=1) / 1e3
+        flops = T * (108 * H * I + 4 * H * E)
+        print(f"{T:>6} {t_ours:8.2f} {t_cupy:8.2f} {t_cupy / t_ours:7.2f} {flops / t_ours / 1e9:8.1f} "
+              f"{100 * flops / t_ours / 1e9 / 789:5.1f}% {err[0]:.1e}, {err[1]:.1e}")
+        del out, ctx, g, p
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--sol080", action="store_true")
+    ap.add_argument("--layer", action="store_true")
+    ap.add_argument("--T", default="4096,8192,16384")
+    args = ap.parse_args(argv)
+    both = not (args.sol080 or args.layer)
+    if args.sol080 or both:
+        sol080_table(args.reps)
+    if args.layer or both:
+        layer_table(args.reps, [int(t) for t in args.T.split(",")])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+// Scalar types and conversions shared by every kernel. No system headers: NVRTC compiles this tree
+// as it is, on the device and on a CPU-only machine alike.
+#pragma once
+
+typedef unsigned short bf16_t;        // raw bf16 bits
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef long long i64;
+
+__device__ __forceinline__ float bf16_to_f32(bf16_t h) {
+  return __uint_as_float(((u32)h) << 16);
+}
+
+// Round to nearest even (the hardware conversion; NaN stays NaN).
+__device__ __forceinline__ bf16_t f32_to_bf16(float f) {
+  unsigned short r;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+  return r;
+}
+
+__device__ __forceinline__ float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+// Two floats -> packed bf16x2 (low half = a).
+__device__ __forceinline__ u32 pack_bf16x2(float a, float b) {
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %2, %1;" : "=r"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+__device__ __forceinline__ float sigmoid_f32(float z) { return 1.0f / (1.0f + expf(-z)); }

@@ -1,0 +1,8 @@
+// Entry point of every GEMM: one instantiation of the main loop per rendered Cfg.
+#include "gemm/mainloop_mma.cuh"
+
+extern "C" __global__ void __launch_bounds__(Cfg::WARPS_M * Cfg::WARPS_N * 32)
+gemm_kernel(const __grid_constant__ GemmParams p) {
+  extern __shared__ __align__(128) bf16_t smem[];
+  gemm::gemm_kernel_body<Cfg>(p, smem);
+}

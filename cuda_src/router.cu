@@ -1,0 +1,131 @@
+// Router kernels: sigmoid + bias-corrected group-limited top-k forward, and the routing-weight
+// gradient back to the logits. fp32 throughout.
+#include "common/types.cuh"
+
+__device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
+
+// (value desc, index asc): does candidate (v, i) beat (bv, bi)?
+__device__ __forceinline__ bool beats(float v, int i, float bv, int bi) {
+  return v > bv || (v == bv && i < bi);
+}
+
+__device__ __forceinline__ void warp_argmax(float& v, int& i) {
+  #pragma unroll
+  for (int off = 16; off > 0; off /= 2) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, off);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, off);
+    if (beats(ov, oi, v, i)) { v = ov; i = oi; }
+  }
+}
+
+// One warp per token. Dynamic shared memory: per warp E + n_group floats (keys, group scores).
+// key = sigmoid(logit) + bias, NaN -> -inf, experts of dropped groups -> -inf; then K rounds of
+// warp argmax over the not-yet-picked experts (ties: lower index), as the NumPy reference's
+// stable argsort does.
+extern "C" __global__ void router_topk(const float* __restrict__ logits, const float* __restrict__ bias,
+                                       int T, int E, int K, int n_group, int topk_group, int norm,
+                                       float scale, float* __restrict__ scores, i64* __restrict__ topk_idx,
+                                       float* __restrict__ topk_w) {
+  extern __shared__ float smem_keys[];
+  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int t = blockIdx.x * warps + warp;
+  if (t >= T) return;
+  float* key = smem_keys + warp * (E + n_group);
+  for (int e = lane; e < E; e += 32) {
+    const float s = sigmoid_f32(logits[(i64)t * E + e]);
+    scores[(i64)t * E + e] = s;
+    const float c = s + bias[e];
+    key[e] = c != c ? neg_inf() : c;
+  }
+  __syncwarp();
+  if (n_group > 1) {
+    const int per = E / n_group;
+    // Each lane scores its groups (sum of the two largest keys), then lane 0 keeps the best
+    // topk_group groups (ties: lower group index) and broadcasts them as a bit mask.
+    float* gscore = key + E;
+    for (int g = lane; g < n_group; g += 32) {
+      float m1 = neg_inf(), m2 = neg_inf();
+      for (int j = 0; j < per; ++j) {
+        const float v = key[g * per + j];
+        if (v > m1) { m2 = m1; m1 = v; } else if (v > m2) { m2 = v; }
+      }
+      gscore[g] = m1 + m2;
+    }
+    __syncwarp();
+    unsigned long long kept = 0ull;  // n_group <= 64 (checked on the host)
+    if (lane == 0) {
+      for (int r = 0; r < topk_group; ++r) {
+        int bi = -1; float bv = 0.f;
+        for (int g = 0; g < n_group; ++g) {
+          if (kept >> g & 1ull) continue;
+          if (bi < 0 || beats(gscore[g], g, bv, bi)) { bv = gscore[g]; bi = g; }
+        }
+        kept |= 1ull << bi;
+      }
+    }
+    kept = __shfl_sync(0xffffffffu, kept, 0);
+    for (int e = lane; e < E; e += 32)
+      if (!(kept >> (e / per) & 1ull)) key[e] = neg_inf();
+    __syncwarp();
+  }
+  float wsum = 0.f, wk = 0.f;
+  int mine = -1;  // lane k keeps the k-th pick
+  for (int k = 0; k < K; ++k) {
+    float bv = neg_inf(); int bi = 0x7fffffff;
+    bool any = false;
+    for (int e = lane; e < E; e += 32) {
+      const float v = key[e];
+      if (v != v) continue;  // already picked
+      if (!any || beats(v, e, bv, bi)) { bv = v; bi = e; any = true; }
+    }
+    warp_argmax(bv, bi);
+    if (lane == 0) key[bi] = __int_as_float(0xffc00000);  // NaN: never beats anything again
+    __syncwarp();
+    const float s = scores[(i64)t * E + bi];
+    wsum += s;
+    if (lane == k) { mine = bi; wk = s; }
+  }
+  if (lane < K) {
+    float w = wk;
+    if (norm) w = w / (wsum + 1e-20f);
+    topk_idx[(i64)t * K + lane] = mine;
+    topk_w[(i64)t * K + lane] = w * scale;
+  }
+}
+
+// dL/dlogits [T, E] from the routing-weight gradient dw (found per slot through row_of_slot in
+// the expert-sorted dw array), written as a bf16 pair hi + lo = fp32 value (to 2^-17): the router
+// GEMMs then run on the bf16 tensor cores with fp32-level accuracy. One thread per (t, e).
+extern "C" __global__ void router_backward(const float* __restrict__ dw_sorted,
+                                           const int* __restrict__ row_of_slot,
+                                           const float* __restrict__ scores, const i64* __restrict__ topk_idx,
+                                           const float* __restrict__ topk_w, int T, int E, int K,
+                                           int norm, float scale, bf16_t* __restrict__ hi,
+                                           bf16_t* __restrict__ lo) {
+  const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (i64)T * E) return;
+  const int t = (int)(i / E), e = (int)(i % E);
+  float dlogit = 0.f;
+  int j = -1;
+  for (int k = 0; k < K; ++k) if (topk_idx[(i64)t * K + k] == e) j = k;
+  if (j >= 0) {
+    const float* s = scores + (i64)t * E;
+    const float dwj = dw_sorted[row_of_slot[(i64)t * K + j]];
+    float ds;
+    if (norm) {
+      float denom = 0.f, dot = 0.f;
+      for (int k = 0; k < K; ++k) {
+        denom += s[topk_idx[(i64)t * K + k]];
+        dot += dw_sorted[row_of_slot[(i64)t * K + k]] * topk_w[(i64)t * K + k];
+      }
+      denom += 1e-20f;
+      ds = (scale / denom) * (dwj - dot / scale);
+    } else {
+      ds = scale * dwj;
+    }
+    dlogit = ds * s[e] * (1.f - s[e]);
+  }
+  const bf16_t h = f32_to_bf16(dlogit);
+  hi[i] = h;
+  lo[i] = f32_to_bf16(dlogit - bf16_to_f32(h));
+}

@@ -1,0 +1,64 @@
+// The SOL-080 contract's own elementwise and router stages (sol080.md steps 3-4 and 7-10).
+#include "common/types.cuh"
+
+// t = bf16(d_act * up); d_up = bf16(d_act * bf16(silu(gate))); d_gate = bf16(t * sig * (1 + gate (1 - sig)))
+extern "C" __global__ void sol080_swiglu_backward(const bf16_t* __restrict__ d_act,
+                                                  const bf16_t* __restrict__ gate,
+                                                  const bf16_t* __restrict__ up,
+                                                  bf16_t* __restrict__ d_gate, bf16_t* __restrict__ d_up,
+                                                  i64 n) {
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+    const float da = bf16_to_f32(d_act[i]), gv = bf16_to_f32(gate[i]), uv = bf16_to_f32(up[i]);
+    const float t = round_bf16(da * uv);
+    const float sig = sigmoid_f32(gv);
+    d_up[i] = f32_to_bf16(da * round_bf16(gv * sig));
+    d_gate[i] = f32_to_bf16(t * sig * (1.f + gv * (1.f - sig)));
+  }
+}
+
+// One block per token: q = sum_h g^2 / K (fixed-order tree), c = (q - sum_k q w_k / S) / S with
+// S = sum_k w_k + 1e-20; grl[t, e] = (sum over k with idx == e of c) * mask * s (1 - s), written
+// as bf16 hi (= the contract's bf16(grl)) and lo = bf16(grl - hi).
+constexpr int kTokThreads = 256;
+
+extern "C" __global__ void __launch_bounds__(kTokThreads)
+sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ topk_w,
+              const i64* __restrict__ topk_idx, const float* __restrict__ mask,
+              const float* __restrict__ scores, int T, int H, int E, int K,
+              bf16_t* __restrict__ hi, bf16_t* __restrict__ lo) {
+  __shared__ float partial[kTokThreads];
+  __shared__ float c_shared;
+  const int t = blockIdx.x;
+  float sq = 0.f;
+  for (int h = threadIdx.x; h < H; h += kTokThreads) {
+    const float v = bf16_to_f32(grad_out[(i64)t * H + h]);
+    sq += v * v;
+  }
+  partial[threadIdx.x] = sq;
+  __syncthreads();
+  for (int s = kTokThreads / 2; s > 0; s /= 2) {
+    if (threadIdx.x < s) partial[threadIdx.x] += partial[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    const float q = partial[0] / (float)K;
+    float S = 0.f;
+    for (int k = 0; k < K; ++k) S += topk_w[(i64)t * K + k];
+    S += 1e-20f;
+    float sum = 0.f;
+    for (int k = 0; k < K; ++k) sum += q * topk_w[(i64)t * K + k] / S;
+    c_shared = (q - sum) / S;
+  }
+  __syncthreads();
+  const float c = c_shared;
+  for (int e = threadIdx.x; e < E; e += kTokThreads) {
+    float G = 0.f;
+    for (int k = 0; k < K; ++k) if (topk_idx[(i64)t * K + k] == e) G += c;
+    const i64 at = (i64)t * E + e;
+    const float s = scores[at];
+    const float grl = G * mask[at] * s * (1.f - s);
+    const bf16_t h = f32_to_bf16(grl);
+    hi[at] = h;
+    lo[at] = f32_to_bf16(grl - bf16_to_f32(h));
+  }
+}

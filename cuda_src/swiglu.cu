@@ -1,0 +1,53 @@
+// SwiGLU forward and backward, elementwise or one row per block (row reductions stay in a fixed
+// order, so results are bitwise reproducible).
+#include "common/types.cuh"
+
+// a = bf16(silu(g) * u), silu(g) = g * sigmoid(g), in fp32 from the stored bf16 g and u.
+extern "C" __global__ void swiglu_forward(const bf16_t* __restrict__ g, const bf16_t* __restrict__ u,
+                                          bf16_t* __restrict__ a, i64 n) {
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+    const float gv = bf16_to_f32(g[i]);
+    a[i] = f32_to_bf16(gv * sigmoid_f32(gv) * bf16_to_f32(u[i]));
+  }
+}
+
+// One block per row r of width I: da = w * da_unweighted; dg = bf16(da u silu'(g)),
+// du = bf16(da silu(g)). Routed experts also get dw[r] = <da_unweighted, a> and aw = bf16(w a)
+// (the down projection's weight-gradient operand); the shared expert passes null for those and
+// for the weights (w = 1).
+constexpr int kRowThreads = 256;
+
+extern "C" __global__ void __launch_bounds__(kRowThreads)
+swiglu_backward(const float* __restrict__ da_unweighted, const bf16_t* __restrict__ g,
+                const bf16_t* __restrict__ u, const bf16_t* __restrict__ a,
+                const float* __restrict__ weights, const int* __restrict__ sorted_slots,
+                int rows, int I, bf16_t* __restrict__ dg, bf16_t* __restrict__ du,
+                float* __restrict__ dw, bf16_t* __restrict__ aw) {
+  __shared__ float partial[kRowThreads];
+  const int r = blockIdx.x;
+  const float w = weights ? weights[sorted_slots[r]] : 1.f;
+  const i64 base = (i64)r * I;
+  float dot = 0.f;
+  for (int i = threadIdx.x; i < I; i += kRowThreads) {
+    const float dap = da_unweighted[base + i];
+    const float gv = bf16_to_f32(g[base + i]), uv = bf16_to_f32(u[base + i]);
+    const float s = sigmoid_f32(gv);
+    const float silu = gv * s, dsilu = s * (1.f + gv * (1.f - s));
+    const float da = w * dap;
+    dg[base + i] = f32_to_bf16(da * uv * dsilu);
+    du[base + i] = f32_to_bf16(da * silu);
+    if (dw) {
+      const float av = bf16_to_f32(a[base + i]);
+      dot += dap * av;
+      aw[base + i] = f32_to_bf16(w * av);
+    }
+  }
+  if (!dw) return;
+  partial[threadIdx.x] = dot;
+  __syncthreads();
+  for (int s = kRowThreads / 2; s > 0; s /= 2) {
+    if (threadIdx.x < s) partial[threadIdx.x] += partial[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) dw[r] = partial[0];
+}

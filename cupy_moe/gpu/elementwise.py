@@ -1,0 +1,49 @@
+"""Launchers of the memory-bound stages: SwiGLU forward/backward and the two combines."""
+from __future__ import annotations
+
+import cupy as cp
+
+from .. import _build, _launch
+from .._arrays import bfloat16
+from .._launch import i32, i64, ptr
+
+_GRID_STRIDE_BLOCKS = 132 * 8
+
+
+def swiglu_forward(gate, up):
+    a = cp.empty_like(gate)
+    n = gate.size
+    _launch.launch(_build.load_module("swiglu.cu"), "swiglu_forward",
+                   (min(_GRID_STRIDE_BLOCKS, -(-n // 256)),), (256,), [ptr(gate), ptr(up), ptr(a), i64(n)])
+    return a
+
+
+def swiglu_backward(da_unweighted, gate, up, act=None, weights=None, sorted_slots=None):
+    """(dg, du, dw, aw); dw and aw only for routed experts (weights given), else None."""
+    rows, width = gate.shape
+    dg, du = cp.empty_like(gate), cp.empty_like(gate)
+    routed = weights is not None
+    dw = cp.empty(rows, cp.float32) if routed else None
+    aw = cp.empty_like(gate) if routed else None
+    _launch.launch(_build.load_module("swiglu.cu"), "swiglu_backward", (rows,), (256,),
+                   [ptr(da_unweighted), ptr(gate), ptr(up), ptr(act), ptr(weights), ptr(sorted_slots),
+                    i32(rows), i32(width), ptr(dg), ptr(du), ptr(dw), ptr(aw)])
+    return dg, du, dw, aw
+
+
+def combine_forward(y_sorted, slot_rows, weights, y_shared):
+    T, K = weights.shape
+    H = y_sorted.shape[1]
+    out = cp.empty((T, H), bfloat16)
+    _launch.launch(_build.load_module("combine.cu"), "combine_forward", (-(-(T * H) // 256),), (256,),
+                   [ptr(y_sorted), ptr(slot_rows), ptr(weights), ptr(y_shared), i32(T), i32(H),
+                    i32(K), ptr(out)])
+    return out
+
+
+def combine_backward(dx_sorted, slot_rows, dx_rest, K):
+    T, H = dx_rest.shape
+    dx = cp.empty((T, H), bfloat16)
+    _launch.launch(_build.load_module("combine.cu"), "combine_backward", (-(-(T * H) // 256),), (256,),
+                   [ptr(dx_sorted), ptr(slot_rows), ptr(dx_rest), i32(T), i32(H), i32(K), ptr(dx)])
+    return dx

@@ -1,0 +1,130 @@
+"""The full MoE layer on the GPU: the data flow of design/architecture.md over our kernels.
+
+Rounding points are those documented in cupy_moe/reference/layer.py.
+"""
+from __future__ import annotations
+
+import cupy as cp
+
+from .._arrays import bfloat16
+from ..context import MoEContext, MoEGradients
+from . import elementwise, router, routing
+from .gemm import Segment, gemm
+
+MAX_GROUPS = 64  # the top-k kernel passes the kept groups as a 64-bit mask
+
+
+def _shared_forward(x, wg, wu, wd):
+    T, H = x.shape
+    Is = wg.shape[0]
+    g, u = cp.empty((T, Is), bfloat16), cp.empty((T, Is), bfloat16)
+    for w, out in ((wg, g), (wu, u)):
+        gemm(m=T, n=Is, segments=[Segment(x, H, w, H, k=H)], a_kmajor=True, b_kmajor=True, out=out, ldc=Is)
+    a = elementwise.swiglu_forward(g, u)
+    y = cp.empty((T, H), bfloat16)
+    gemm(m=T, n=H, segments=[Segment(a, Is, wd, Is, k=Is)], a_kmajor=True, b_kmajor=True, out=y, ldc=H)
+    return g, u, a, y
+
+
+def forward(x, wr, bias, wg, wu, wd, wsg, wsu, wsd, config):
+    if config.n_group > MAX_GROUPS:
+        raise ValueError(f"config.n_group: the GPU path supports up to {MAX_GROUPS} groups, "
+                         f"got {config.n_group}")
+    T, H = x.shape
+    E, K, I = config.n_routed_experts, config.num_experts_per_tok, config.moe_intermediate_size
+    N = T * K
+    scores, idx, w = router.forward(x, wr, bias, config)
+    r = routing.sort(idx, E)
+    grouped = dict(grouping="m", group_offsets=r.expert_offsets, num_groups=E)
+    gate, up = cp.empty((N, I), bfloat16), cp.empty((N, I), bfloat16)
+    for weight, out in ((wg, gate), (wu, up)):
+        gemm(m=N, n=I, segments=[Segment(x, H, weight, H, k=H, b_group_stride=I * H)],
+             a_kmajor=True, b_kmajor=True, out=out, ldc=I, gather_a=r.sorted_slots, gather_div=K,
+             **grouped)
+    act = elementwise.swiglu_forward(gate, up)
+    y_sorted = cp.empty((N, H), bfloat16)
+    gemm(m=N, n=H, segments=[Segment(act, I, wd, I, k=I, b_group_stride=H * I)],
+         a_kmajor=True, b_kmajor=True, out=y_sorted, ldc=H, **grouped)
+    shared = (None, None, None)
+    y_shared = None
+    if config.n_shared_experts:
+        *shared, y_shared = _shared_forward(x, wsg, wsu, wsd)
+    out = elementwise.combine_forward(y_sorted, r.slot_rows, w, y_shared)
+    ctx = MoEContext(
+        config=config, hidden_states=x, router_weight=wr, expert_gate_weight=wg,
+        expert_up_weight=wu, expert_down_weight=wd, shared_expert_gate_weight=wsg,
+        shared_expert_up_weight=wsu, shared_expert_down_weight=wsd, scores=scores,
+        topk_indices=idx, topk_weights=w, tokens_per_expert=r.tokens_per_expert,
+        expert_offsets=r.expert_offsets, sorted_slots=r.sorted_slots, slot_rows=r.slot_rows,
+        gate=gate, up=up, act=act, shared_gate=shared[0], shared_up=shared[1], shared_act=shared[2])
+    return out, ctx
+
+
+def backward(dy, ctx: MoEContext) -> MoEGradients:
+    cfg = ctx.config
+    x = ctx.hidden_states
+    T, H = x.shape
+    E, K, I = cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size
+    N = T * K
+    slots = ctx.sorted_slots
+    m_grouped = dict(grouping="m", group_offsets=ctx.expert_offsets, num_groups=E)
+    k_grouped = dict(grouping="k", group_offsets=ctx.expert_offsets, num_groups=E)
+
+    # Routed experts: da' = dy Wd (fp32), then the SwiGLU backward and dw = <da', a> per row.
+    da_unweighted = cp.empty((N, I), cp.float32)
+    gemm(m=N, n=I, segments=[Segment(dy, H, ctx.expert_down_weight, I, k=H, b_group_stride=H * I)],
+         a_kmajor=True, b_kmajor=False, out=da_unweighted, ldc=I, epilogue="f32",
+         gather_a=slots, gather_div=K, **m_grouped)
+    dg, du, dw_sorted, aw = elementwise.swiglu_backward(
+        da_unweighted, ctx.gate, ctx.up, ctx.act, ctx.topk_weights, slots)
+    del da_unweighted
+    # Weight gradients: each expert reduces over its own token rows (empty experts write zeros).
+    d_down_w = cp.empty((E, H, I), bfloat16)
+    gemm(m=H, n=I, segments=[Segment(dy, H, aw, I)], a_kmajor=False, b_kmajor=False,
+         out=d_down_w, ldc=I, c_group_stride=H * I, gather_a=slots, gather_div=K, **k_grouped)
+    d_gate_w, d_up_w = cp.empty((E, I, H), bfloat16), cp.empty((E, I, H), bfloat16)
+    for d, out in ((dg, d_gate_w), (du, d_up_w)):
+        gemm(m=I, n=H, segments=[Segment(d, I, x, H)], a_kmajor=False, b_kmajor=False, out=out,
+             ldc=H, c_group_stride=I * H, gather_b=slots, gather_div=K, **k_grouped)
+    # dgrad of the routed experts: [dg | du] @ [Wg; Wu] per expert.
+    dx_sorted = cp.empty((N, H), bfloat16)
+    gemm(m=N, n=H, segments=[Segment(dg, I, ctx.expert_gate_weight, H, k=I, b_group_stride=I * H),
+                             Segment(du, I, ctx.expert_up_weight, H, k=I, b_group_stride=I * H)],
+         a_kmajor=True, b_kmajor=False, out=dx_sorted, ldc=H, **m_grouped)
+    del dg, du, aw
+
+    # Router: dlogits as bf16 hi + lo, so both router GEMMs run on the tensor cores.
+    hi, lo = router.backward_logits(dw_sorted, ctx.slot_rows, ctx.scores, ctx.topk_indices,
+                                    ctx.topk_weights, cfg)
+    d_router_w = cp.empty((E, H), cp.float32)
+    gemm(m=E, n=H, segments=[Segment(hi, E, x, H, k=T), Segment(lo, E, x, H, k=T)],
+         a_kmajor=False, b_kmajor=False, out=d_router_w, ldc=H, epilogue="f32")
+    dx_segments = [Segment(hi, E, ctx.router_weight, H, k=E), Segment(lo, E, ctx.router_weight, H, k=E)]
+
+    shared = (None, None, None)
+    if cfg.n_shared_experts:
+        Is = cfg.shared_intermediate_size
+        das = cp.empty((T, Is), cp.float32)
+        gemm(m=T, n=Is, segments=[Segment(dy, H, ctx.shared_expert_down_weight, Is, k=H)],
+             a_kmajor=True, b_kmajor=False, out=das, ldc=Is, epilogue="f32")
+        dgs, dus, _, _ = elementwise.swiglu_backward(das, ctx.shared_gate, ctx.shared_up)
+        del das
+        d_wsg, d_wsu = cp.empty((Is, H), bfloat16), cp.empty((Is, H), bfloat16)
+        d_wsd = cp.empty((H, Is), bfloat16)
+        gemm(m=H, n=Is, segments=[Segment(dy, H, ctx.shared_act, Is, k=T)], a_kmajor=False,
+             b_kmajor=False, out=d_wsd, ldc=Is)
+        for d, out in ((dgs, d_wsg), (dus, d_wsu)):
+            gemm(m=Is, n=H, segments=[Segment(d, Is, x, H, k=T)], a_kmajor=False, b_kmajor=False,
+                 out=out, ldc=H)
+        shared = (d_wsg, d_wsu, d_wsd)
+        dx_segments += [Segment(dgs, Is, ctx.shared_expert_gate_weight, H, k=Is),
+                        Segment(dus, Is, ctx.shared_expert_up_weight, H, k=Is)]
+    # Everything but the routed rows in one fp32 GEMM: [hi | lo | dgs | dus] @ [Wr; Wr; Wsg; Wsu].
+    dx_rest = cp.empty((T, H), cp.float32)
+    gemm(m=T, n=H, segments=dx_segments, a_kmajor=True, b_kmajor=False, out=dx_rest, ldc=H,
+         epilogue="f32")
+    dx = elementwise.combine_backward(dx_sorted, ctx.slot_rows, dx_rest, K)
+    return MoEGradients(hidden_states=dx, router_weight=d_router_w, expert_gate_weight=d_gate_w,
+                        expert_up_weight=d_up_w, expert_down_weight=d_down_w,
+                        shared_expert_gate_weight=shared[0], shared_expert_up_weight=shared[1],
+                        shared_expert_down_weight=shared[2])

@@ -1,0 +1,45 @@
+"""Router stages on the GPU: logits GEMM + top-k selection, and the routing-weight backward."""
+from __future__ import annotations
+
+import cupy as cp
+
+from .. import _build, _launch
+from .._arrays import bfloat16
+from .._launch import f32, i32, ptr
+from .gemm import Segment, gemm
+
+_WARPS = 4
+
+
+def _module():
+    return _build.load_module("router.cu")
+
+
+def forward(x, router_weight, bias, config):
+    """(scores [T,E] fp32, topk_indices [T,K] int64, topk_weights [T,K] fp32)."""
+    T, H = x.shape
+    E, K = config.n_routed_experts, config.num_experts_per_tok
+    logits = cp.empty((T, E), cp.float32)
+    gemm(m=T, n=E, segments=[Segment(x, H, router_weight, H, k=H)], a_kmajor=True, b_kmajor=True,
+         out=logits, ldc=E, epilogue="f32")
+    scores = cp.empty((T, E), cp.float32)
+    idx = cp.empty((T, K), cp.int64)
+    w = cp.empty((T, K), cp.float32)
+    smem = _WARPS * (E + config.n_group) * 4
+    _launch.launch(_module(), "router_topk", (-(-T // _WARPS),), (32 * _WARPS,),
+                   [ptr(logits), ptr(bias), i32(T), i32(E), i32(K), i32(config.n_group),
+                    i32(config.topk_group), i32(config.norm_topk_prob),
+                    f32(config.routed_scaling_factor), ptr(scores), ptr(idx), ptr(w)], smem)
+    return scores, idx, w
+
+
+def backward_logits(dw_sorted, slot_rows, scores, idx, w, config):
+    """dL/dlogits [T,E] as a bf16 pair (hi, lo) with hi + lo = the fp32 value to 2^-17."""
+    T, E = scores.shape
+    hi, lo = cp.empty((T, E), bfloat16), cp.empty((T, E), bfloat16)
+    n = T * E
+    _launch.launch(_module(), "router_backward", (-(-n // 256),), (256,),
+                   [ptr(dw_sorted), ptr(slot_rows), ptr(scores), ptr(idx), ptr(w), i32(T), i32(E),
+                    i32(config.num_experts_per_tok), i32(config.norm_topk_prob),
+                    f32(config.routed_scaling_factor), ptr(hi), ptr(lo)])
+    return hi, lo
