@@ -43,6 +43,7 @@ def launch(module, name: str, grid, block, args, shared_mem: int = 0) -> None:
     if min(grid) <= 0:
         return
     fn = module.get_function(name)
+    fn = getattr(fn, "kernel", fn)  # RawModule hands out RawKernel; its .kernel is the CUfunction
     if shared_mem > 48 * 1024 and _smem_set.get(fn.ptr, 0) < shared_mem:
         driver.funcSetAttribute(fn.ptr, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_mem)
         _smem_set[fn.ptr] = shared_mem
