@@ -34,7 +34,7 @@ def _check(cfg, T, routing, seed=0, tol=1e-2):
     ref_scores, _, _ = ref_layer.route(args["hidden_states"].astype(np.float32),
                                        args["router_weight"].astype(np.float32),
                                        args["e_score_correction_bias"], cfg)
-    np.testing.assert_allclose(hctx.scores, ref_scores, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(hctx.scores, ref_scores, rtol=1e-4, atol=1e-6)
     from cupy_moe.reference.routing import routing_weights, select_experts
     np.testing.assert_array_equal(hctx.topk_indices,
                                   select_experts(hctx.scores + args["e_score_correction_bias"], cfg))

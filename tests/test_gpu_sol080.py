@@ -37,7 +37,12 @@ def test_small_shapes(T, H, I, E, K):
         assert o.dtype == r.dtype and o.shape == r.shape, name
         assert np.isfinite(o.get().astype(np.float32)).all(), name
         if name == "grad_router_weight":
+            # fp32 rounding residue (sol080.md): only its scale is comparable; with a handful of
+            # tokens both an all-zero and a non-zero residue are right, so non-zero is asked
+            # only where many rows make an all-zero result impossible in practice.
             scale = np.abs(r).max()
-            assert np.abs(o.get() - r).max() <= 4 * scale + 1e-30 and np.abs(o.get()).max() > 0
+            assert np.abs(o.get() - r).max() <= 4 * scale + 1e-30
+            if T >= 64:
+                assert np.abs(o.get()).max() > 0
         else:
             assert relative_error(o, r) < 1e-2, name
