@@ -26,8 +26,9 @@ SMALL = {
 def _check(cfg, T, routing, seed=0, tol=1e-2):
     import cupy as cp
 
-    args = make_moe_inputs(cfg, T, seed=seed, routing=routing)
-    gargs = {k: None if v is None else cp.asarray(v) for k, v in args.items()}
+    # Drawn on the device (GLM-size weights in well under a second), then copied for the reference.
+    gargs = make_moe_inputs(cfg, T, seed=seed, routing=routing, xp=cp)
+    args = {k: None if v is None else v.get() for k, v in gargs.items()}
     out, ctx = cupy_moe.moe_forward(**gargs, config=cfg)
     hctx = ctx_to_numpy(ctx)
     # Routing: scores close to the reference, selection = the reference rule on the GPU's scores.
@@ -53,7 +54,8 @@ def _check(cfg, T, routing, seed=0, tol=1e-2):
         if getattr(ref_ctx, f) is not None:
             assert relative_error(getattr(hctx, f), getattr(ref_ctx, f)) < tol, f
     # Backward from the same saved state.
-    dy = make_moe_inputs(cfg, T, seed=seed + 1)["hidden_states"]
+    dy = np.random.default_rng(seed + 1).standard_normal((T, cfg.hidden_size),
+                                                          dtype=np.float32).astype(bfloat16)
     grads = cupy_moe.moe_backward(cp.asarray(dy), ctx)
     ref = ref_layer.backward(dy, hctx)
     for f in grads._fields:
@@ -79,7 +81,8 @@ def test_small_configs(name, T, routing):
         assert ctx.tokens_per_expert[0] == T
 
 
-@pytest.mark.parametrize("T,routing", [(64, "random"), (333, "skewed"), (1, "random")])
+@pytest.mark.slow
+@pytest.mark.parametrize("T,routing", [(64, "random"), (333, "skewed")])
 def test_glm45_air(T, routing):
     _check(MoEConfig.glm45_air(), T, routing, seed=5)
 
