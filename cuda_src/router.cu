@@ -79,6 +79,7 @@ extern "C" __global__ void router_topk(const float* __restrict__ logits, const f
       if (!any || beats(v, e, bv, bi)) { bv = v; bi = e; any = true; }
     }
     warp_argmax(bv, bi);
+    __syncwarp();  // every lane's reads of key[] precede the write below (shuffles do not order memory)
     if (lane == 0) key[bi] = __int_as_float(0xffc00000);  // NaN: never beats anything again
     __syncwarp();
     const float s = scores[(i64)t * E + bi];

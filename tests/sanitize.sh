@@ -9,7 +9,7 @@ small='test_small_shapes or (test_small_configs and (-1- or -7-)) or test_dense 
 status=0
 for tool in ${tools[@]}; do
   log=${OUT:-/tmp}/sanitize-$tool.log
-  compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
+  timeout "${SANITIZE_TIMEOUT:-600}" compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
     python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu_gemm.py tests/test_gpu_layer.py \
     tests/test_gpu_sol080.py tests/test_gpu_routing.py -k "$small" >"$log" 2>&1
   rc=$?
