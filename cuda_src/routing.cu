@@ -72,3 +72,21 @@ extern "C" __global__ void routing_place(const i64* __restrict__ topk_idx, int n
     if (base + i + 32 >= n_slots) break;
   }
 }
+
+// Input check before any other kernel reads the routing: status[0] = first row with an index
+// outside [0, E), status[1] = first row that repeats an expert (INT_MAX when none). One thread per
+// row; K is small, so the pairwise test is cheap.
+extern "C" __global__ void check_topk_indices(const i64* __restrict__ topk_idx, int T, int K, int E,
+                                              int* __restrict__ status) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= T) return;
+  const i64* row = topk_idx + (i64)t * K;
+  bool out_of_range = false, repeated = false;
+  for (int k = 0; k < K; ++k) {
+    const i64 e = row[k];
+    out_of_range |= e < 0 || e >= E;
+    for (int j = 0; j < k; ++j) repeated |= row[j] == e;
+  }
+  if (out_of_range) atomicMin(&status[0], t);
+  if (repeated) atomicMin(&status[1], t);
+}

@@ -54,23 +54,37 @@ class Dims:
 
 
 def check_topk_indices(name: str, idx, n_experts: int) -> None:
-    """Every index in [0, n_experts) and no index repeated within a row."""
+    """Every index in [0, n_experts) and no index repeated within a row.
+
+    On the GPU path one small kernel checks all rows and the host reads back two ints (one sync);
+    only when a row is bad is that row copied back to word the error.
+    """
     if idx.size == 0:
         return
     if is_cupy_array(idx):
-        import cupy as xp
-    else:
-        xp = np
-    lo, hi = int(idx.min()), int(idx.max())  # one host sync on the GPU path
-    if lo < 0 or hi >= n_experts:
-        bad = lo if lo < 0 else hi
-        raise ValueError(f"{name}: expected expert indices in [0, {n_experts}), found {bad}")
-    k = idx.shape[1]
-    if k > 1:
-        s = xp.sort(idx, axis=1)
+        from .gpu.routing import find_bad_topk_rows
+
+        bad_range, bad_repeat = find_bad_topk_rows(idx, n_experts)
+        rows = idx[bad_range].get() if bad_range is not None else None
+        if rows is not None:
+            bad = next(int(v) for v in rows if v < 0 or v >= n_experts)
+            raise ValueError(f"{name}: expected expert indices in [0, {n_experts}), found {bad} "
+                             f"in row {bad_range}")
+        if bad_repeat is not None:
+            raise ValueError(f"{name}: expected distinct experts within a row, row {bad_repeat} "
+                             f"repeats one: {idx[bad_repeat].get().tolist()}")
+        return
+    out_of_range = (idx < 0) | (idx >= n_experts)
+    if out_of_range.any():
+        row = int(np.argmax(out_of_range.any(axis=1)))
+        bad = int(idx[row][out_of_range[row]][0])
+        raise ValueError(f"{name}: expected expert indices in [0, {n_experts}), found {bad} "
+                         f"in row {row}")
+    if idx.shape[1] > 1:
+        s = np.sort(idx, axis=1)
         rep = (s[:, 1:] == s[:, :-1]).any(axis=1)
-        if bool(rep.any()):
-            row = int(xp.argmax(rep))
+        if rep.any():
+            row = int(np.argmax(rep))
             raise ValueError(f"{name}: expected distinct experts within a row, row {row} repeats "
                              f"one: {idx[row].tolist()}")
 

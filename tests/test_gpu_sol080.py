@@ -46,3 +46,17 @@ def test_small_shapes(T, H, I, E, K):
                 assert np.abs(o.get()).max() > 0
         else:
             assert relative_error(o, r) < 1e-2, name
+
+
+@pytest.mark.parametrize("bad,match", [(128, r"\[0, 128\).*128 in row 5"), (-3, "-3 in row 5"),
+                                       ("repeat", "row 5 repeats")])
+def test_bad_topk_indices_rejected_before_any_kernel(bad, match):
+    import cupy as cp
+
+    a = {k: cp.asarray(v) for k, v in make_sol080_inputs(9, 64, 24, 128, 8, seed=2).items()}
+    idx = a["topk_indices"].copy()
+    idx[5, 3] = idx[5, 0] if bad == "repeat" else bad
+    before = idx.copy()
+    with pytest.raises(ValueError, match="topk_indices: " + ".*" + match):
+        cupy_moe.sol080_backward(**dict(a, topk_indices=idx))
+    assert (idx == before).all()

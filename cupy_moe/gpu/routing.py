@@ -40,3 +40,13 @@ def sort(topk_indices, n_experts: int) -> Routing:
     _launch.launch(mod, "routing_place", (chunks,), (32,),
                    [ptr(topk_indices), i32(n), i32(E), ptr(base), ptr(slots), ptr(rows)], 4 * E)
     return Routing(slots, rows, offsets, per_expert)
+
+
+def find_bad_topk_rows(topk_indices, n_experts: int):
+    """(first row with an out-of-range index, first row repeating an expert), None where none."""
+    T, K = topk_indices.shape
+    status = cp.full(2, 2**31 - 1, cp.int32)
+    _launch.launch(_build.load_module("routing.cu"), "check_topk_indices", (-(-T // 256),), (256,),
+                   [ptr(topk_indices), i32(T), i32(K), i32(n_experts), ptr(status)])
+    bad = status.get()  # the one host sync of the check
+    return tuple(None if int(v) == 2**31 - 1 else int(v) for v in bad)
