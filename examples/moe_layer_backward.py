@@ -16,7 +16,7 @@ from cupy_moe.testing import make_moe_inputs
 def gpu_available():
     try:
         import cupy
-        return cupy.cuda.runtime.getDeviceCount() > 0 and cupy.cuda.Device(0).compute_capability >= "80"
+        return cupy.cuda.runtime.getDeviceCount() > 0 and int(cupy.cuda.Device(0).compute_capability) >= 80
     except Exception:
         return False
 
