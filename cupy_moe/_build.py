@@ -61,7 +61,7 @@ def render_cfg(cfg, name: str = "Cfg") -> str:
 
 
 def render_struct(cls) -> str:
-    """A ctypes.Structure with `_ctypes_` C spellings -> its C++ definition (one layout for both)."""
+    """A ctypes.Structure with `_c_types_` C spellings -> its C++ definition (one layout for both)."""
     lines = [f"struct {cls.__name__} {{"]
     for (fname, ftype), ctype in zip(cls._fields_, cls._c_types_):
         dim = f"[{ftype._length_}]" if hasattr(ftype, "_length_") else ""
@@ -76,8 +76,7 @@ def target_arch(compute_capability: str = "90") -> str:
 
 
 def compile_options(arch: str, verbose: bool = False) -> list:
-    opts = [f"--gpu-architecture={arch}", "--std=c++17", f"--include-path={cuda_src_dir()}",
-            "--device-int128"]
+    opts = [f"--gpu-architecture={arch}", "--std=c++17", f"--include-path={cuda_src_dir()}"]
     if verbose:
         opts.append("--ptxas-options=-v")
     return opts

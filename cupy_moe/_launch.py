@@ -32,6 +32,16 @@ def f32(v) -> ctypes.c_float:
     return ctypes.c_float(float(v))
 
 
+def cdiv(a: int, b: int) -> int:
+    return -(-int(a) // int(b))
+
+
+def grid_stride_blocks(n: int, threads: int = 256) -> int:
+    """Blocks for a grid-stride loop over n elements: enough to fill the GPU, never more than n
+    needs (0 for n = 0, which launch() treats as a no-op)."""
+    return min(132 * 8, cdiv(n, threads))
+
+
 def launch(module, name: str, grid, block, args, shared_mem: int = 0) -> None:
     """Launch module's kernel `name` on the current stream. A grid with a zero extent is a no-op
     (empty problems, e.g. T = 0); any driver error raises CUDADriverError here."""

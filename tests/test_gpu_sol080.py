@@ -60,3 +60,10 @@ def test_bad_topk_indices_rejected_before_any_kernel(bad, match):
     with pytest.raises(ValueError, match="topk_indices: " + ".*" + match):
         cupy_moe.sol080_backward(**dict(a, topk_indices=idx))
     assert (idx == before).all()
+
+
+def test_zero_tokens():
+    out, ref = _run(0, 64, 24, 8, 2)
+    for name, o, r in zip(NAMES, out, ref):
+        assert o.shape == r.shape and o.dtype == r.dtype, name
+        assert not o.astype(np.float32).any(), name  # poisoned memory: zeros were written

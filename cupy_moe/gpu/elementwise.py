@@ -5,16 +5,14 @@ import cupy as cp
 
 from .. import _build, _launch
 from .._arrays import bfloat16
-from .._launch import i32, i64, ptr
-
-_GRID_STRIDE_BLOCKS = 132 * 8
+from .._launch import cdiv, grid_stride_blocks, i32, i64, ptr
 
 
 def swiglu_forward(gate, up):
     a = cp.empty_like(gate)
     n = gate.size
     _launch.launch(_build.load_module("swiglu.cu"), "swiglu_forward",
-                   (min(_GRID_STRIDE_BLOCKS, -(-n // 256)),), (256,), [ptr(gate), ptr(up), ptr(a), i64(n)])
+                   (grid_stride_blocks(n),), (256,), [ptr(gate), ptr(up), ptr(a), i64(n)])
     return a
 
 
@@ -35,7 +33,7 @@ def combine_forward(y_sorted, slot_rows, weights, y_shared):
     T, K = weights.shape
     H = y_sorted.shape[1]
     out = cp.empty((T, H), bfloat16)
-    _launch.launch(_build.load_module("combine.cu"), "combine_forward", (-(-(T * H) // 256),), (256,),
+    _launch.launch(_build.load_module("combine.cu"), "combine_forward", (cdiv(T * H, 256),), (256,),
                    [ptr(y_sorted), ptr(slot_rows), ptr(weights), ptr(y_shared), i32(T), i32(H),
                     i32(K), ptr(out)])
     return out
@@ -44,6 +42,6 @@ def combine_forward(y_sorted, slot_rows, weights, y_shared):
 def combine_backward(dx_sorted, slot_rows, dx_rest, K):
     T, H = dx_rest.shape
     dx = cp.empty((T, H), bfloat16)
-    _launch.launch(_build.load_module("combine.cu"), "combine_backward", (-(-(T * H) // 256),), (256,),
+    _launch.launch(_build.load_module("combine.cu"), "combine_backward", (cdiv(T * H, 256),), (256,),
                    [ptr(dx_sorted), ptr(slot_rows), ptr(dx_rest), i32(T), i32(H), i32(K), ptr(dx)])
     return dx

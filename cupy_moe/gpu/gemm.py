@@ -9,9 +9,10 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Optional, Sequence
+from typing import Sequence
 
 from .. import _build, _launch
+from .._launch import cdiv
 
 MAX_SEGMENTS = 4
 GROUPINGS = {"none": 0, "m": 1, "k": 2}
@@ -105,6 +106,8 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     (line -> map[line] // gather_div).
     """
     assert 1 <= len(segments) <= MAX_SEGMENTS
+    if m == 0 or n == 0:
+        return  # nothing to write (an M-grouped grid would otherwise still launch its group slack)
     # 16-byte loads need every line start and every valid extent on an 8-element boundary.
     vec_a = all(_aligned(_addr(s.a) // 2, s.lda, s.k if a_kmajor else m) for s in segments)
     vec_b = all(_aligned(_addr(s.b) // 2, s.ldb, s.b_group_stride, s.k if b_kmajor else n)
@@ -124,15 +127,13 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     p.gather_a = 0 if gather_a is None else _addr(gather_a)
     p.gather_b = 0 if gather_b is None else _addr(gather_b)
     p.gather_div = gather_div
-    tiles_n = -(-n // cfg.BN)
+    tiles_n, tiles_m = cdiv(n, cfg.BN), cdiv(m, cfg.BM)
     if grouping == "m":
-        grid = (tiles_n, -(-m // cfg.BM) + num_groups, 1)
+        grid = (tiles_n, tiles_m + num_groups, 1)
     elif grouping == "k":
-        grid = (tiles_n, -(-m // cfg.BM), num_groups)
+        grid = (tiles_n, tiles_m, num_groups)
     else:
-        grid = (tiles_n, -(-m // cfg.BM), 1)
-    if m == 0 or n == 0:
-        return
+        grid = (tiles_n, tiles_m, 1)
     _launch.launch(_module(cfg), "gemm_kernel", grid, (cfg.threads,), [p], cfg.smem_bytes)
 
 

@@ -5,7 +5,7 @@ import cupy as cp
 
 from .. import _build, _launch
 from .._arrays import bfloat16
-from .._launch import f32, i32, ptr
+from .._launch import cdiv, f32, i32, ptr
 from .gemm import Segment, gemm
 
 _WARPS = 4
@@ -26,7 +26,7 @@ def forward(x, router_weight, bias, config):
     idx = cp.empty((T, K), cp.int64)
     w = cp.empty((T, K), cp.float32)
     smem = _WARPS * (E + config.n_group) * 4
-    _launch.launch(_module(), "router_topk", (-(-T // _WARPS),), (32 * _WARPS,),
+    _launch.launch(_module(), "router_topk", (cdiv(T, _WARPS),), (32 * _WARPS,),
                    [ptr(logits), ptr(bias), i32(T), i32(E), i32(K), i32(config.n_group),
                     i32(config.topk_group), i32(config.norm_topk_prob),
                     f32(config.routed_scaling_factor), ptr(scores), ptr(idx), ptr(w)], smem)
@@ -38,7 +38,7 @@ def backward_logits(dw_sorted, slot_rows, scores, idx, w, config):
     T, E = scores.shape
     hi, lo = cp.empty((T, E), bfloat16), cp.empty((T, E), bfloat16)
     n = T * E
-    _launch.launch(_module(), "router_backward", (-(-n // 256),), (256,),
+    _launch.launch(_module(), "router_backward", (cdiv(n, 256),), (256,),
                    [ptr(dw_sorted), ptr(slot_rows), ptr(scores), ptr(idx), ptr(w), i32(T), i32(E),
                     i32(config.num_experts_per_tok), i32(config.norm_topk_prob),
                     f32(config.routed_scaling_factor), ptr(hi), ptr(lo)])

@@ -6,7 +6,7 @@ from typing import NamedTuple
 import cupy as cp
 
 from .. import _build, _launch
-from .._launch import i32, ptr
+from .._launch import cdiv, i32, ptr
 
 CHUNK = 2048  # kChunk in routing.cu
 
@@ -22,7 +22,7 @@ def sort(topk_indices, n_experts: int) -> Routing:
     mod = _build.load_module("routing.cu")
     n = topk_indices.size
     E = n_experts
-    chunks = max(1, -(-n // CHUNK))
+    chunks = max(1, cdiv(n, CHUNK))
     counts = cp.empty((chunks, E), cp.int32)
     base = cp.empty((chunks, E), cp.int32)
     offsets = cp.empty(E + 1, cp.int32)
@@ -46,7 +46,7 @@ def find_bad_topk_rows(topk_indices, n_experts: int):
     """(first row with an out-of-range index, first row repeating an expert), None where none."""
     T, K = topk_indices.shape
     status = cp.full(2, 2**31 - 1, cp.int32)
-    _launch.launch(_build.load_module("routing.cu"), "check_topk_indices", (-(-T // 256),), (256,),
+    _launch.launch(_build.load_module("routing.cu"), "check_topk_indices", (cdiv(T, 256),), (256,),
                    [ptr(topk_indices), i32(T), i32(K), i32(n_experts), ptr(status)])
     bad = status.get()  # the one host sync of the check
     return tuple(None if int(v) == 2**31 - 1 else int(v) for v in bad)

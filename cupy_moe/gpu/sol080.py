@@ -10,7 +10,7 @@ import cupy as cp
 
 from .. import _build, _launch
 from .._arrays import bfloat16
-from .._launch import i32, i64, ptr
+from .._launch import grid_stride_blocks, i32, i64, ptr
 from .gemm import Segment, gemm
 
 
@@ -22,17 +22,12 @@ def sol080_backward(g, x, wr, bias, logits, scores, idx, tw, mask, wg, wu, wd, g
     grad_wd = cp.empty((H, I), bfloat16)
     grad_router = cp.empty((E, H), cp.float32)
     grad_h = cp.empty((T, H), bfloat16)
-    if T == 0:
-        for a in (grad_wg, grad_wu, grad_wd, grad_router):
-            a.fill(0)
-        return grad_h, grad_router, grad_wg, grad_wu, grad_wd
-
     d_act = cp.empty((T, I), bfloat16)
     gemm(m=T, n=I, segments=[Segment(g, H, wd, I, k=H)], a_kmajor=True, b_kmajor=False,
          out=d_act, ldc=I)
     d_gate, d_up = cp.empty((T, I), bfloat16), cp.empty((T, I), bfloat16)
     n = T * I
-    _launch.launch(mod, "sol080_swiglu_backward", (min(132 * 8, -(-n // 256)),), (256,),
+    _launch.launch(mod, "sol080_swiglu_backward", (grid_stride_blocks(n),), (256,),
                    [ptr(d_act), ptr(gate), ptr(up), ptr(d_gate), ptr(d_up), i64(n)])
     hi, lo = cp.empty((T, E), bfloat16), cp.empty((T, E), bfloat16)
     _launch.launch(mod, "sol080_router", (T,), (256,),
