@@ -4,7 +4,9 @@ Method (../shared/perf/anchors.md): CUDA events around the public call as a user
 flushed (a 256 MiB write) before each timed call, median of --reps (>= 20), warm-up first.
 Peers: a cuBLAS-composed CuPy version of the same math (cupy.matmul for every GEMM, a loop over
 experts for the routed part) and, where PyTorch imports, the same with torch.
-Usage: PYTHONPATH=. python bench/benchmark.py [--sol080] [--layer] [--reps 20] [--T 4096,8192]
+The GEMM table times the engine itself (cupy_moe.gpu.gemm) at the layer's shapes against
+cupy.matmul (cuBLAS) and torch._grouped_mm, and the portable main loop for reference.
+Usage: PYTHONPATH=. python bench/benchmark.py [--gemm] [--sol080] [--layer] [--reps 20] [--T 4096,8192]
 """
 from __future__ import annotations
 
@@ -41,6 +43,99 @@ def timer(reps):
         return statistics.median(times)
 
     return measure
+
+
+# ---------------------------------------------------------------- GEMM engine
+def _grouped_mm():
+    try:
+        import torch
+        return torch, torch._grouped_mm
+    except Exception:
+        return None
+
+
+def gemm_table(reps):
+    import cupy as cp
+
+    from cupy_moe import bfloat16
+    from cupy_moe.gpu.gemm import Segment, gemm
+
+    measure = timer(reps)
+    rng = np.random.default_rng(0)
+    tg = _grouped_mm()
+
+    def rand(*shape):
+        return cp.random.standard_normal(shape, dtype=cp.float32).astype(bfloat16)
+
+    print(f"\nGEMM engine; TFLOP/s (median of {reps}, L2 flushed); peers in the same run")
+    print(f"{'case':<44} {'ours':>7} {'mma.sync':>8} {'cuBLAS':>7} {'torch':>7} {'x peer':>7}")
+
+    def row(name, flops, ours, mma, peer, torch_t=float("nan")):
+        t_o, t_m, t_p = measure(ours), measure(mma), measure(peer) if peer else float("nan")
+        peers = [t for t in (t_p, torch_t) if not np.isnan(t)]
+        best = min(peers) if peers else float("nan")
+        tf = lambda t: flops / t / 1e6
+        print(f"{name:<44} {tf(t_o):7.1f} {tf(t_m):8.1f} {tf(t_p):7.1f} {tf(torch_t):7.1f} "
+              f"{best / t_o:7.2f}")
+
+    # Dense, the layer's shapes: (M, N, K, A K-major?, B K-major?)
+    for M, N, K, ak, bk in ((8192, 4096, 2944, True, False), (8192, 1408, 4096, True, False),
+                            (8192, 2816, 4096, True, True), (4096, 1408, 8192, False, False),
+                            (2048, 4096, 4096, True, True)):
+        A = rand(M, K) if ak else rand(K, M)
+        B = rand(N, K) if bk else rand(K, N)
+        C = cp.empty((M, N), bfloat16)
+        Av = A if ak else A.T
+        Bv = B.T if bk else B
+        seg = [Segment(A, A.shape[1], B, B.shape[1], k=K)]
+        run = lambda e: (lambda: gemm(m=M, n=N, segments=seg, a_kmajor=ak, b_kmajor=bk, out=C,
+                                      ldc=N, engine=e))
+        row(f"dense {M}x{N}x{K} A{'K' if ak else 'M'} B{'K' if bk else 'N'}", 2 * M * N * K,
+            run("sm90"), run("mma"), lambda: cp.matmul(Av, Bv))
+
+    # Grouped, T = 8192, K = 8: 65536 routed rows over 128 experts.
+    E, rows, Hd, Nd = 128, 65536, 4096, 2816
+    for skew in ("balanced", "zipf"):
+        p = np.ones(E) if skew == "balanced" else 1.0 / np.arange(1, E + 1)
+        sizes = rng.multinomial(rows, p / p.sum())
+        offs = cp.asarray(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32))
+        X, W = rand(rows, Hd), rand(E, Nd, Hd)
+        C = cp.empty((rows, Nd), bfloat16)
+        seg = [Segment(X, Hd, W, Hd, k=Hd, b_group_stride=Nd * Hd)]
+        run = lambda e: (lambda: gemm(m=rows, n=Nd, segments=seg, a_kmajor=True, b_kmajor=True,
+                                      out=C, ldc=Nd, grouping="m", group_offsets=offs,
+                                      num_groups=E, engine=e))
+        t_torch = float("nan")
+        if tg:
+            torch, gmm = tg
+            tX, tW = torch.from_dlpack(X), torch.from_dlpack(W).transpose(1, 2)
+            tof = torch.from_dlpack(offs[1:])
+            try:
+                t_torch = measure(lambda: gmm(tX, tW, offs=tof))
+            except Exception as exc:  # pragma: no cover - depends on the torch build
+                print(f"  torch._grouped_mm unavailable: {exc}")
+        row(f"M-grouped {rows}x{Nd}x{Hd} E={E} {skew}", 2 * rows * Nd * Hd, run("sm90"),
+            run("mma"), None, t_torch)
+        # K-grouped weight gradients at the same routing: [2816 x 4096] and [4096 x 1408] per expert.
+        for m_, n_ in ((Nd, Hd), (Hd, Nd // 2)):
+            A, B = rand(rows, m_), rand(rows, n_)
+            C = cp.empty((E, m_, n_), bfloat16)
+            seg = [Segment(A, m_, B, n_)]
+            run = lambda e: (lambda: gemm(m=m_, n=n_, segments=seg, a_kmajor=False, b_kmajor=False,
+                                          out=C, ldc=n_, c_group_stride=m_ * n_, grouping="k",
+                                          group_offsets=offs, num_groups=E, engine=e))
+            t_torch = float("nan")
+            if tg:
+                torch, gmm = tg
+                tA, tB = torch.from_dlpack(A).t(), torch.from_dlpack(B)
+                tof = torch.from_dlpack(offs[1:])
+                try:
+                    t_torch = measure(lambda: gmm(tA, tB, offs=tof))
+                except Exception as exc:  # pragma: no cover
+                    print(f"  torch._grouped_mm (K-grouped) unavailable: {exc}")
+            row(f"K-grouped {m_}x{n_} per expert, {skew}", 2 * rows * m_ * n_, run("sm90"),
+                run("mma"), None, t_torch)
+        del X, W, A, B, C
 
 
 # ---------------------------------------------------------------- SOL-080
@@ -230,11 +325,14 @@ def layer_table(reps, Ts):
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--gemm", action="store_true")
     ap.add_argument("--sol080", action="store_true")
     ap.add_argument("--layer", action="store_true")
     ap.add_argument("--T", default="4096,8192,16384")
     args = ap.parse_args(argv)
-    both = not (args.sol080 or args.layer)
+    both = not (args.gemm or args.sol080 or args.layer)
+    if args.gemm or both:
+        gemm_table(args.reps)
     if args.sol080 or both:
         sol080_table(args.reps)
     if args.layer or both:

@@ -61,12 +61,17 @@ def render_cfg(cfg, name: str = "Cfg") -> str:
 
 
 def render_struct(cls) -> str:
-    """A ctypes.Structure with `_c_types_` C spellings -> its C++ definition (one layout for both)."""
-    lines = [f"struct {cls.__name__} {{"]
+    """A ctypes.Structure with `_c_types_` C spellings -> its C++ definition (one layout for both),
+    and a compile-time check that the C++ compiler agrees on its size."""
+    import ctypes
+
+    name = cls.__name__
+    lines = [f"struct {name} {{"]
     for (fname, ftype), ctype in zip(cls._fields_, cls._c_types_):
         dim = f"[{ftype._length_}]" if hasattr(ftype, "_length_") else ""
         lines.append(f"  {ctype} {fname}{dim};")
     lines.append("};")
+    lines.append(f"static_assert(sizeof({name}) == {ctypes.sizeof(cls)}, \"{name}: size differs from Python\");")
     return "\n".join(lines) + "\n"
 
 

@@ -22,6 +22,7 @@ needs_nvrtc = pytest.mark.skipif(NVRTC is not None, reason=f"NVRTC unavailable: 
 # Entry file -> the preludes it is built with (the GEMM once per representative config).
 ENTRIES = {
     "gemm.cu": [gemm.prelude(c) for c in gemm.example_configs()],
+    "gemm_sm90.cu": [gemm.sm90_prelude(c) for c in gemm.example_sm90_configs()],
     "router.cu": [""], "routing.cu": [""], "swiglu.cu": [""], "combine.cu": [""], "sol080.cu": [""],
 }
 

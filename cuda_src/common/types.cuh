@@ -3,6 +3,7 @@
 #pragma once
 
 typedef unsigned short bf16_t;        // raw bf16 bits
+typedef unsigned char u8;
 typedef unsigned int u32;
 typedef unsigned long long u64;
 typedef long long i64;

@@ -14,11 +14,9 @@
 // GemmParams is rendered from cupy_moe/gpu/gemm.py (one definition for Python and C++).
 #pragma once
 #include "../common/ptx.cuh"
+#include "kinds.cuh"
 
 namespace gemm {
-
-enum Grouping { kNone = 0, kMGrouped = 1, kKGrouped = 2 };
-enum Epilogue { kStoreBf16 = 0, kStoreF32 = 1, kAccumulateF32 = 2 };
 
 // Shared-memory tile of one operand: K-major [OUTER][BK] or MN-major [BK][OUTER]; rows padded by
 // 8 elements (16 B) so ldmatrix's eight row reads hit eight different bank quads.

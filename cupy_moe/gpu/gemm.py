@@ -1,8 +1,12 @@
-"""Launcher of the GEMM engine (cuda_src/gemm.cu): config, parameter struct and grid.
+"""Launcher of the GEMM engine: config, parameter struct, main loop and grid.
 
 C[m, n] = sum over segments s of A_s(m, :) @ B_s(:, n), bf16 operands, fp32 accumulation.
 An operand is K-major when its memory rows run along K (x in x @ W^T, W in x @ W^T) and MN-major
 when they run along M or N (W in x @ W, both operands of a weight gradient).
+
+Two main loops take the same parameters: the Hopper one (cuda_src/gemm_sm90.cu: TMA, wgmma,
+warp-specialised, persistent) whenever the device is sm_90 and every address and stride is
+16-byte aligned, and the portable one (cuda_src/gemm.cu: cp.async + mma.sync, any shape) otherwise.
 """
 from __future__ import annotations
 
@@ -13,10 +17,12 @@ from typing import Sequence
 
 from .. import _build, _launch
 from .._launch import cdiv
+from .tma import TmaDesc, encode_bf16
 
 MAX_SEGMENTS = 4
 GROUPINGS = {"none": 0, "m": 1, "k": 2}
 EPILOGUES = {"bf16": 0, "f32": 1, "f32_accumulate": 2}
+ENGINES = ("auto", "sm90", "mma")
 
 
 class GemmParams(ctypes.Structure):
@@ -72,6 +78,73 @@ def _module(cfg: GemmConfig):
     return _build.load_module("gemm.cu", prelude(cfg))
 
 
+def _sm90_params_struct():
+    fields = [("tma_a", TmaDesc * MAX_SEGMENTS), ("tma_b", TmaDesc * MAX_SEGMENTS), ("base", GemmParams)]
+    types = ["TmaDesc", "TmaDesc", "GemmParams"]
+    pad = -(ctypes.sizeof(TmaDesc) * 2 * MAX_SEGMENTS + ctypes.sizeof(GemmParams)) % 64
+    if pad:  # C++ rounds the size up to TmaDesc's 64-byte alignment; the driver copies that many
+        fields.append(("pad", ctypes.c_uint8 * pad))
+        types.append("unsigned char")
+    return type("GemmSm90Params", (ctypes.Structure,), {"_fields_": fields, "_c_types_": types})
+
+
+GemmSm90Params = _sm90_params_struct()
+
+
+@dataclass(frozen=True)
+class Sm90Config:
+    """The Hopper main loop's config (cuda_src/gemm/mainloop_wgmma.cuh); BM = 128, BK = 64."""
+    BN: int = 128
+    STAGES: int = 6
+    A_KMAJOR: bool = True
+    B_KMAJOR: bool = True
+    GATHER_A: bool = False
+    GATHER_B: bool = False
+    GROUPING: int = 0
+    EPILOGUE: int = 0
+
+    BM = 128
+    BK = 64
+    THREADS = 384
+    MAX_SMEM = 232448  # sm_90's opt-in limit per block
+
+    def smem_bytes(self, num_groups: int) -> int:
+        stage = (self.BM + self.BN) * self.BK * 2
+        return 1024 + self.STAGES * (stage + 16) + 4 * (num_groups + 1)
+
+    @classmethod
+    def choose(cls, m_tiles: int, n: int, sms: int, **flags) -> "Sm90Config":
+        """BN: 256 when it tiles n without waste and still gives every SM a tile, 64 for narrow
+        outputs, else 128. STAGES: as many as fit next to the scheduler's table."""
+        if n % 256 == 0 and m_tiles * (n // 256) >= sms:
+            bn = 256
+        elif n <= 64:
+            bn = 64
+        else:
+            bn = 128
+        stages = {256: 4, 128: 6, 64: 8}[bn]
+        return cls(BN=bn, STAGES=stages, **flags)
+
+
+def sm90_prelude(cfg: Sm90Config) -> str:
+    return (f"#include \"common/hopper.cuh\"\nconstexpr int MAX_SEGMENTS = {MAX_SEGMENTS};\n"
+            + _build.render_struct(GemmParams) + _build.render_struct(GemmSm90Params)
+            + _build.render_cfg(cfg))
+
+
+@lru_cache(maxsize=None)
+def _sm90_module(cfg: Sm90Config):
+    return _build.load_module("gemm_sm90.cu", sm90_prelude(cfg))
+
+
+@lru_cache(maxsize=None)
+def _device_info(device_id: int):
+    import cupy
+
+    dev = cupy.cuda.Device(device_id)
+    return dev.compute_capability, dev.attributes["MultiProcessorCount"]
+
+
 @dataclass
 class Segment:
     """One K segment: A (lda), B (ldb) and its reduction length k (ignored when K-grouped).
@@ -96,25 +169,19 @@ def _addr(x) -> int:
 def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajor: bool,
          out, ldc: int, epilogue: str = "bf16", grouping: str = "none",
          group_offsets=None, num_groups: int = 0, c_group_stride: int = 0,
-         gather_a=None, gather_b=None, gather_div: int = 1) -> None:
+         gather_a=None, gather_b=None, gather_div: int = 1, engine: str = "auto") -> None:
     """Launch one GEMM on the current stream.
 
     grouping='m': rows are experts' segments group_offsets[g]:group_offsets[g+1] of m total rows,
     B of group g at b + g * b_group_stride. grouping='k': group g reduces over memory lines
     group_offsets[g]:group_offsets[g+1] of both (MN-major) operands into C + g * c_group_stride,
     writing zeros for an empty group. gather_a / gather_b: int32 maps of the operand's memory lines
-    (line -> map[line] // gather_div).
+    (line -> map[line] // gather_div). engine: 'auto' (the Hopper main loop when it applies),
+    'sm90' (it or ValueError), 'mma' (the portable main loop).
     """
-    assert 1 <= len(segments) <= MAX_SEGMENTS
+    assert 1 <= len(segments) <= MAX_SEGMENTS and engine in ENGINES
     if m == 0 or n == 0:
         return  # nothing to write (an M-grouped grid would otherwise still launch its group slack)
-    # 16-byte loads need every line start and every valid extent on an 8-element boundary.
-    vec_a = all(_aligned(_addr(s.a) // 2, s.lda, s.k if a_kmajor else m) for s in segments)
-    vec_b = all(_aligned(_addr(s.b) // 2, s.ldb, s.b_group_stride, s.k if b_kmajor else n)
-                for s in segments)
-    cfg = GemmConfig(A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor, VEC_A=vec_a, VEC_B=vec_b,
-                     GATHER_A=gather_a is not None, GATHER_B=gather_b is not None,
-                     GROUPING=GROUPINGS[grouping], EPILOGUE=EPILOGUES[epilogue])
     p = GemmParams()
     for i, s in enumerate(segments):
         p.a[i], p.b[i] = _addr(s.a), _addr(s.b)
@@ -127,6 +194,81 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     p.gather_a = 0 if gather_a is None else _addr(gather_a)
     p.gather_b = 0 if gather_b is None else _addr(gather_b)
     p.gather_div = gather_div
+    flags = dict(A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor, GATHER_A=gather_a is not None,
+                 GATHER_B=gather_b is not None, GROUPING=GROUPINGS[grouping],
+                 EPILOGUE=EPILOGUES[epilogue])
+    if engine != "mma":
+        why = _sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stride,
+                                flags["GATHER_A"] or grouping == "k",
+                                flags["GATHER_B"] or grouping == "k")
+        if why is None:
+            return _launch_sm90(p, segments, m, n, grouping, num_groups, flags)
+        if engine == "sm90":
+            raise ValueError(f"the sm90 GEMM does not apply: {why}")
+    _launch_mma(p, segments, m, n, grouping, num_groups, flags)
+
+
+def _sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stride, copy_a, copy_b):
+    """None when the Hopper main loop applies, else the reason. TMA needs 16-byte aligned
+    addresses and strides; cp.async-copied operands (gathered, or K-grouped) move whole 16-byte
+    chunks, so their column extents must be multiples of 8; the epilogue stores element pairs."""
+    import cupy
+
+    cc, _ = _device_info(cupy.cuda.Device().id)
+    if cc != "90":
+        return f"compute capability {cc}, not 90"
+    for s in segments:
+        if _addr(s.a) % 16 or _addr(s.b) % 16:
+            return "an operand address is not 16-byte aligned"
+        if s.lda % 8 or s.ldb % 8 or s.b_group_stride % 8:
+            return "an operand stride is not a multiple of 8 elements"
+        if copy_a and (s.k if a_kmajor else m) % 8 or copy_b and (s.k if b_kmajor else n) % 8:
+            return "a copied operand's line length is not a multiple of 8 elements"
+    if n % 2 or ldc % 2 or c_group_stride % 2 or _addr(out) % 16:
+        return "the output is not stored in element pairs"
+    return None
+
+
+def _launch_sm90(p, segments, m, n, grouping, num_groups, flags) -> None:
+    import cupy
+
+    _, sms = _device_info(cupy.cuda.Device().id)
+    m_tiles = cdiv(m, Sm90Config.BM) + (num_groups if grouping == "m" else 0)
+    cfg = Sm90Config.choose(m_tiles, n, sms, **flags)
+    P = GemmSm90Params()
+    P.base = p
+    copy_a = cfg.GATHER_A or grouping == "k"
+    copy_b = cfg.GATHER_B or grouping == "k"
+    groups = num_groups if grouping == "m" else 1
+    for i, s in enumerate(segments):
+        if s.k == 0:
+            continue  # no reduction tiles: the map is never read
+        if not copy_a:  # A is never grouped: 2-D (a unit third dimension)
+            dims = (s.k, m) if cfg.A_KMAJOR else (m, s.k)
+            box = (64, cfg.BM) if cfg.A_KMAJOR else (64, 64)
+            encode_bf16(P.tma_a[i], _addr(s.a), dims + (1,), (s.lda, s.lda * dims[1]), box + (1,))
+        if not copy_b:
+            dims = (s.k, n) if cfg.B_KMAJOR else (n, s.k)
+            box = (64, cfg.BN) if cfg.B_KMAJOR else (64, 64)
+            gstride = s.b_group_stride if groups > 1 else s.ldb * dims[1]
+            encode_bf16(P.tma_b[i], _addr(s.b), dims + (groups,), (s.ldb, gstride), box + (1,))
+    tiles_n = cdiv(n, cfg.BN)
+    if grouping == "k":
+        tiles = num_groups * cdiv(m, cfg.BM) * tiles_n
+    else:
+        tiles = m_tiles * tiles_n
+    grid = (min(tiles, sms),)
+    _launch.launch(_sm90_module(cfg), "gemm_sm90_kernel", grid, (cfg.THREADS,), [P],
+                   cfg.smem_bytes(num_groups if grouping == "m" else 0))
+
+
+def _launch_mma(p, segments, m, n, grouping, num_groups, flags) -> None:
+    # 16-byte loads need every line start and every valid extent on an 8-element boundary.
+    a_kmajor, b_kmajor = flags["A_KMAJOR"], flags["B_KMAJOR"]
+    vec_a = all(_aligned(_addr(s.a) // 2, s.lda, s.k if a_kmajor else m) for s in segments)
+    vec_b = all(_aligned(_addr(s.b) // 2, s.ldb, s.b_group_stride, s.k if b_kmajor else n)
+                for s in segments)
+    cfg = GemmConfig(VEC_A=vec_a, VEC_B=vec_b, **flags)
     tiles_n, tiles_m = cdiv(n, cfg.BN), cdiv(m, cfg.BM)
     if grouping == "m":
         grid = (tiles_n, tiles_m + num_groups, 1)
@@ -148,4 +290,21 @@ def example_configs():
                 out.append(GemmConfig(A_KMAJOR=a_k, B_KMAJOR=b_k, VEC_A=vec, VEC_B=vec,
                                       GATHER_A=grouping == 1, GATHER_B=grouping == 2,
                                       GROUPING=grouping, EPILOGUE=grouping % 3))
+    return out
+
+
+def example_sm90_configs():
+    """Hopper configs the CPU compile test builds: every tile width, operand major, copy path,
+    grouping and epilogue the layer uses."""
+    out = []
+    for bn, stages in ((64, 8), (128, 6), (256, 4)):
+        for a_k, b_k, gather_a, gather_b, grouping, epi in (
+                (True, True, False, False, 0, 0), (True, False, False, False, 0, 1),
+                (False, False, False, False, 0, 2), (False, True, False, False, 0, 0),
+                (True, True, True, False, 1, 0), (True, False, True, False, 1, 1),
+                (True, False, False, False, 1, 0),
+                (False, False, True, False, 2, 0), (False, False, False, True, 2, 0)):
+            out.append(Sm90Config(BN=bn, STAGES=stages, A_KMAJOR=a_k, B_KMAJOR=b_k,
+                                  GATHER_A=gather_a, GATHER_B=gather_b, GROUPING=grouping,
+                                  EPILOGUE=epi))
     return out

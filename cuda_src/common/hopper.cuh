@@ -1,0 +1,82 @@
+// Hopper (sm_90a) vocabulary: mbarriers, TMA tile loads, cp.async completion on an mbarrier,
+// warpgroup MMA (wgmma) fences and shared-memory matrix descriptors, register reallocation.
+#pragma once
+#include "ptx.cuh"
+
+// A CUtensorMap encoded on the host (cupy_moe/gpu/tma.py); opaque here, 64-byte aligned.
+struct alignas(64) TmaDesc { u64 opaque[16]; };
+
+// --- mbarrier --------------------------------------------------------------------------------
+__device__ __forceinline__ void mbar_init(u64* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(smem_addr(bar)), "r"(count));
+}
+// Makes initialised barriers visible to the async proxy (TMA) and the other threads.
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u64* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(u64* bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+               :: "r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ bool mbar_try_wait(u32 bar, u32 parity) {
+  u32 done;
+  asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+               " selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  return done != 0;
+}
+// Waits until the barrier's phase with this parity has completed.
+__device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
+  const u32 a = smem_addr(bar);
+  while (!mbar_try_wait(a, parity)) {}
+}
+// Arrives on the barrier once every cp.async this thread issued so far has landed (counts
+// against the barrier's expected arrivals).
+__device__ __forceinline__ void cp_async_arrive_on(u64* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(smem_addr(bar)) : "memory");
+}
+
+// --- TMA -------------------------------------------------------------------------------------
+// One box of a 3-D tensor map (c0 innermost) into shared memory, completion as transaction bytes
+// on `bar`. Out-of-bounds elements arrive as zeros and still count as bytes.
+__device__ __forceinline__ void tma_load_3d(void* dst, const TmaDesc* map, u64* bar, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n"
+      :: "r"(smem_addr(dst)), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar)) : "memory");
+}
+
+// Shared memory written through the generic proxy (cp.async, st.shared) that wgmma reads next.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// --- wgmma -----------------------------------------------------------------------------------
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
+
+// Keeps the compiler from moving accumulator reads/writes across wgmma issue and wait.
+template <int N>
+__device__ __forceinline__ void fence_operands(float (&d)[N]) {
+  #pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i]) :: "memory");
+}
+
+// Descriptor of a 128-byte-swizzled shared-memory operand (tile base 1024-byte aligned).
+// K-major: rows of 64 elements (128 B), 8-row atoms 1024 B apart (SBO); LBO unused.
+// MN-major: rows along K, 64 MN-elements each; LBO = bytes between 64-wide MN atoms,
+// SBO = bytes between groups of 8 K rows.
+__device__ __forceinline__ u64 smem_desc_sw128(u32 addr, u32 lbo, u32 sbo) {
+  return (u64)((addr & 0x3FFFF) >> 4) | ((u64)((lbo >> 4) & 0x3FFF) << 16) |
+         ((u64)((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
+}
+
+// --- register reallocation between warpgroup roles --------------------------------------------
+template <int R>
+__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(R)); }
+template <int R>
+__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(R)); }

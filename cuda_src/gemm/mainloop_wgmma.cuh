@@ -1,0 +1,248 @@
+// The Hopper GEMM main loop: TMA / cp.async loads into 128-byte-swizzled stages, mbarrier
+// pipeline, one producer warpgroup and two consumer warpgroups issuing wgmma, persistent tiles.
+//
+//   C[m, n] = sum over segments s, k of A_s(m, k) * B_s(k, n)    (bf16 in, fp32 accumulate)
+//
+// Tile BM = 128 rows (64 per consumer warpgroup) x BN columns, BK = 64 reduction elements per
+// stage. Shared-memory layout of an operand tile, the one TMA's SWIZZLE_128B writes and wgmma
+// reads (base 1024-byte aligned, 16-byte chunk c of a 128-byte row r stored at chunk c ^ (r % 8)):
+//   K-major  [rows][64 k]                       one 128-byte row per m (or n)
+//   MN-major [MN / 64 atoms][64 k][64 mn]       one 128-byte row per k, atoms 8 KB apart
+// An operand comes by TMA unless its lines are gathered through an index map or it is the
+// reduction operand of a K-grouped GEMM (whose reduction lines must stop at the group's end):
+// those are copied by the producer warpgroup's 128 threads with cp.async into the same layout,
+// zero-filled outside the valid range. Cfg fields as in mainloop_mma.cuh, plus BN and STAGES.
+#pragma once
+#include "wgmma_ops.cuh"
+#include "scheduler.cuh"
+
+namespace gemm {
+
+namespace sm90 {
+
+constexpr int BM = 128, BK = 64;
+constexpr int PRODUCER_THREADS = 128, CONSUMER_WARPGROUPS = 2;
+constexpr int THREADS = PRODUCER_THREADS * (1 + CONSUMER_WARPGROUPS);
+constexpr int ATOM_BYTES = BK * 128;  // one 64-wide MN atom of an MN-major tile
+
+template <class Cfg>
+struct Plan {
+  static constexpr bool CPA_A = Cfg::GATHER_A || Cfg::GROUPING == kKGrouped;
+  static constexpr bool CPA_B = Cfg::GATHER_B || Cfg::GROUPING == kKGrouped;
+  static constexpr bool CPA = CPA_A || CPA_B;
+  static constexpr int A_BYTES = BM * BK * 2, B_BYTES = Cfg::BN * BK * 2;
+  static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+  static constexpr u32 TMA_BYTES = (CPA_A ? 0 : A_BYTES) + (CPA_B ? 0 : B_BYTES);
+  static constexpr int BARRIERS = Cfg::STAGES * STAGE_BYTES;       // full[STAGES], empty[STAGES]
+  static constexpr int SCHEDULE = BARRIERS + 2 * Cfg::STAGES * 8;  // TileScheduler::tile_start
+  static constexpr int FULL_ARRIVALS = 1 + (CPA ? PRODUCER_THREADS : 0);
+  static constexpr int EMPTY_ARRIVALS = CONSUMER_WARPGROUPS * 4;  // lane 0 of each consumer warp
+  // Register split: the producer needs few, each consumer thread holds BN / 2 accumulators.
+  static constexpr int PRODUCER_REGS = 56, CONSUMER_REGS = 224;
+  static_assert(Cfg::BN == 64 || Cfg::BN == 128 || Cfg::BN == 256, "BN");
+  static_assert(MAX_SEGMENTS >= 1, "segments");
+  static_assert(PRODUCER_REGS * PRODUCER_THREADS + CONSUMER_REGS * 128 * CONSUMER_WARPGROUPS <= 65536, "regs");
+  static_assert(Cfg::GROUPING != kMGrouped || Cfg::A_KMAJOR, "M-grouped GEMMs take a K-major A");
+  static_assert(Cfg::GROUPING != kKGrouped || (!Cfg::A_KMAJOR && !Cfg::B_KMAJOR),
+                "K-grouped GEMMs reduce over memory lines: both operands MN-major");
+};
+
+// cp.async copy of memory lines [line0, line0 + LINES) x columns [col0, col0 + WIDTH) into the
+// swizzled layout (K-major: LINES rows of WIDTH = 64; MN-major: LINES = 64 k rows of WIDTH
+// elements in 64-wide atoms). Lines at or past line_hi and chunks at or past col_hi are zeros;
+// map (optional) gathers memory line map[line] / div.
+template <int LINES, int WIDTH>
+__device__ __forceinline__ void cp_async_tile(u8* tile, const bf16_t* base, i64 ld, const int* map,
+                                              int div, int line0, int line_hi, int col0, int col_hi,
+                                              int tid) {
+  constexpr int CPL = WIDTH / 8;  // 16-byte chunks per line
+  static_assert((LINES * CPL) % PRODUCER_THREADS == 0, "tile chunks");
+  #pragma unroll 4  // a few index loads in flight within the producer's small register budget
+  for (int j = 0; j < LINES * CPL / PRODUCER_THREADS; ++j) {
+    const int i = tid + j * PRODUCER_THREADS;
+    const int r = i / CPL, c = i % CPL;  // consecutive lanes take consecutive chunks of a line
+    const int line = line0 + r, col = col0 + c * 8;
+    const bool ok = line < line_hi && col < col_hi;
+    const bf16_t* src = base;
+    if (ok) {
+      const i64 mem = map ? (i64)(__ldg(map + line) / div) : (i64)line;
+      src = base + mem * ld + col;
+    }
+    u8* dst = tile + (c / 8) * (LINES * 128) + r * 128 + (((c % 8) ^ (r % 8)) << 4);
+    cp_async_16(dst, src, ok ? 16 : 0);
+  }
+}
+
+// TMA copy of the same tile: K-major one box {64 k, LINES}; MN-major one box {64 mn, 64 k} per atom.
+template <int LINES, int WIDTH, bool KMAJOR>
+__device__ __forceinline__ void tma_tile(u8* tile, const TmaDesc* map, u64* bar, int outer0, int k0, int group) {
+  if constexpr (KMAJOR) {
+    tma_load_3d(tile, map, bar, k0, outer0, group);
+  } else {
+    #pragma unroll
+    for (int a = 0; a < WIDTH / 64; ++a) tma_load_3d(tile + a * ATOM_BYTES, map, bar, outer0 + 64 * a, k0, group);
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void producer(const GemmSm90Params& P, const TileScheduler<BM, Cfg::BN, Cfg::GROUPING>& sched,
+                                         u8* smem, u64* full, u64* empty, int tid) {
+  using L = Plan<Cfg>;
+  constexpr int BN = Cfg::BN;
+  const GemmParams& p = P.base;
+  if (!L::CPA && tid != 0) return;  // TMA needs one thread
+  int stage = 0;
+  u32 phase = 0;
+  for (int t = blockIdx.x; t < sched.total; t += gridDim.x) {
+    const Tile tc = sched.tile(t);
+    const int grp = Cfg::GROUPING == kMGrouped ? tc.group : 0;
+    for (int s = 0; s < p.num_segments; ++s) {
+      const int k_begin = Cfg::GROUPING == kKGrouped ? tc.k_lo : 0;
+      const int k_end = Cfg::GROUPING == kKGrouped ? tc.k_hi : p.seg_k[s];
+      const bf16_t* a_base = (const bf16_t*)p.a[s];
+      const bf16_t* b_base = (const bf16_t*)p.b[s] + (i64)grp * p.b_group_stride[s];
+      for (int k0 = k_begin; k0 < k_end; k0 += BK) {
+        mbar_wait(&empty[stage], phase ^ 1);
+        u8* ta = smem + stage * L::STAGE_BYTES;
+        u8* tb = ta + L::A_BYTES;
+        if (tid == 0) {
+          if constexpr (L::TMA_BYTES > 0) mbar_arrive_expect_tx(&full[stage], L::TMA_BYTES);
+          else mbar_arrive(&full[stage]);
+          if constexpr (!L::CPA_A)
+            tma_tile<BM, BM, Cfg::A_KMAJOR>(ta, &P.tma_a[s], &full[stage], tc.m0, k0, 0);
+          if constexpr (!L::CPA_B)
+            tma_tile<BN, BN, Cfg::B_KMAJOR>(tb, &P.tma_b[s], &full[stage], tc.n0, k0, grp);
+        }
+        if constexpr (L::CPA_A) {
+          const int* map = Cfg::GATHER_A ? p.gather_a : nullptr;
+          if constexpr (Cfg::A_KMAJOR)
+            cp_async_tile<BM, BK>(ta, a_base, p.lda[s], map, p.gather_div, tc.m0, tc.m_hi, k0, k_end, tid);
+          else
+            cp_async_tile<BK, BM>(ta, a_base, p.lda[s], map, p.gather_div, k0, k_end, tc.m0, p.m, tid);
+        }
+        if constexpr (L::CPA_B) {
+          const int* map = Cfg::GATHER_B ? p.gather_b : nullptr;
+          if constexpr (Cfg::B_KMAJOR)
+            cp_async_tile<BN, BK>(tb, b_base, p.ldb[s], map, p.gather_div, tc.n0, p.n, k0, k_end, tid);
+          else
+            cp_async_tile<BK, BN>(tb, b_base, p.ldb[s], map, p.gather_div, k0, k_end, tc.n0, p.n, tid);
+        }
+        if constexpr (L::CPA) cp_async_arrive_on(&full[stage]);
+        if (++stage == Cfg::STAGES) { stage = 0; phase ^= 1; }
+      }
+    }
+  }
+}
+
+// Accumulator fragment of wgmma m64nN: warp w of the warpgroup owns rows 16w..16w+15; for each
+// 8-column block j, d[4j + 2h + e] is row 16w + lane / 4 + 8h, column 8j + 2 (lane % 4) + e.
+template <class Cfg>
+__device__ __forceinline__ void store_tile(const GemmParams& p, const Tile& tc, const float (&acc)[Cfg::BN / 2],
+                                           int wg, int warp, int lane) {
+  const i64 c_off = Cfg::GROUPING == kKGrouped ? (i64)tc.group * p.c_group_stride : 0;
+  const int row0 = tc.m0 + 64 * wg + 16 * warp + lane / 4;
+  const int col0 = tc.n0 + 2 * (lane % 4);
+  #pragma unroll
+  for (int j = 0; j < Cfg::BN / 8; ++j) {
+    const int col = col0 + 8 * j;
+    if (col >= p.n) continue;  // n is even on this path: col + 1 < n too
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row0 + 8 * h;
+      if (row >= tc.m_hi) continue;
+      const float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+      const i64 at = c_off + (i64)row * p.ldc + col;
+      if constexpr (Cfg::EPILOGUE == kStoreBf16) {
+        *(u32*)((bf16_t*)p.c + at) = pack_bf16x2(v0, v1);
+      } else if constexpr (Cfg::EPILOGUE == kStoreF32) {
+        *(float2*)((float*)p.c + at) = make_float2(v0, v1);
+      } else {
+        float2* dst = (float2*)((float*)p.c + at);
+        const float2 old = *dst;
+        *dst = make_float2(old.x + v0, old.y + v1);
+      }
+    }
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void consumer(const GemmSm90Params& P, const TileScheduler<BM, Cfg::BN, Cfg::GROUPING>& sched,
+                                         u8* smem, u64* full, u64* empty, int wg, int tid) {
+  using L = Plan<Cfg>;
+  constexpr int BN = Cfg::BN;
+  const int warp = tid / 32, lane = tid % 32;
+  float acc[BN / 2];
+  int stage = 0;
+  u32 phase = 0;
+  auto release = [&](int s) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[s]);
+  };
+  for (int t = blockIdx.x; t < sched.total; t += gridDim.x) {
+    const Tile tc = sched.tile(t);
+    const int nk = sched.template k_tiles<BK>(tc);
+    #pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+    int prev = -1;
+    for (int kt = 0; kt < nk; ++kt) {
+      mbar_wait(&full[stage], phase);
+      if constexpr (L::CPA) fence_proxy_async();
+      const u32 a_tile = smem_addr(smem + stage * L::STAGE_BYTES);
+      const u32 b_tile = a_tile + L::A_BYTES;
+      fence_operands(acc);
+      wgmma_fence();
+      #pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        const u64 da = Cfg::A_KMAJOR ? smem_desc_sw128(a_tile + wg * 64 * 128 + kk * 32, 16, 1024)
+                                     : smem_desc_sw128(a_tile + wg * ATOM_BYTES + kk * 2048, ATOM_BYTES, 1024);
+        const u64 db = Cfg::B_KMAJOR ? smem_desc_sw128(b_tile + kk * 32, 16, 1024)
+                                     : smem_desc_sw128(b_tile + kk * 2048, ATOM_BYTES, 1024);
+        wgmma_m64k16<BN, Cfg::A_KMAJOR ? 0 : 1, Cfg::B_KMAJOR ? 0 : 1>(acc, da, db, 1);
+      }
+      wgmma_commit();
+      fence_operands(acc);
+      wgmma_wait<1>();  // the previous stage's MMAs are done: hand its buffers back
+      if (prev >= 0) release(prev);
+      prev = stage;
+      if (++stage == Cfg::STAGES) { stage = 0; phase ^= 1; }
+    }
+    wgmma_wait<0>();
+    fence_operands(acc);
+    if (prev >= 0) release(prev);
+    store_tile<Cfg>(P.base, tc, acc, wg, warp, lane);
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_raw) {
+  using L = Plan<Cfg>;
+  // TMA's 128-byte swizzle and the wgmma descriptors assume 1024-byte aligned tiles.
+  u8* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  u64* full = (u64*)(smem + L::BARRIERS);
+  u64* empty = full + Cfg::STAGES;
+  int* tile_start = (int*)(smem + L::SCHEDULE);
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    for (int s = 0; s < Cfg::STAGES; ++s) {
+      mbar_init(&full[s], L::FULL_ARRIVALS);
+      mbar_init(&empty[s], L::EMPTY_ARRIVALS);
+    }
+    fence_barrier_init();
+  }
+  if constexpr (Cfg::GROUPING == kMGrouped) {
+    if (tid >= 32 && tid < 64) TileScheduler<BM, Cfg::BN, Cfg::GROUPING>::build(P.base, tile_start, tid - 32);
+  }
+  __syncthreads();
+  const TileScheduler<BM, Cfg::BN, Cfg::GROUPING> sched(P.base, tile_start);
+  if (tid < PRODUCER_THREADS) {
+    setmaxnreg_dec<L::PRODUCER_REGS>();
+    producer<Cfg>(P, sched, smem, full, empty, tid);
+  } else {
+    setmaxnreg_inc<L::CONSUMER_REGS>();
+    const int c = tid - PRODUCER_THREADS;
+    consumer<Cfg>(P, sched, smem, full, empty, c / 128, c % 128);
+  }
+}
+
+}  // namespace sm90
+}  // namespace gemm

@@ -1,0 +1,85 @@
+// Persistent tile scheduler of the Hopper GEMM: a linear tile index -> (group, rows, columns,
+// reduction range). Group sizes stay in device memory (no host sync per call); every CTA walks
+// tiles blockIdx.x, blockIdx.x + gridDim.x, ... in the same order as its producer and consumers.
+// Order: n fastest, so CTAs running together share an A row block and sweep B, which stays in L2
+// (one expert's weights for M-grouped GEMMs).
+#pragma once
+#include "../common/types.cuh"
+#include "kinds.cuh"
+
+namespace gemm {
+
+struct Tile {
+  int group;        // B's expert (M-grouped) or C's expert (K-grouped); 0 otherwise
+  int m0, m_hi;     // rows [m0, m0 + BM) of which those below m_hi are real
+  int n0;
+  int k_lo, k_hi;   // K-grouped: the group's reduction lines
+};
+
+template <int BM, int BN, int GROUPING>
+struct TileScheduler {
+  const GemmParams& p;
+  const int* tile_start;  // M-grouped: first m-tile of each group, num_groups + 1 entries (smem)
+  int tiles_m, tiles_n, total;
+
+  // M-grouped only, run by one warp before the CTA's first barrier: prefix sums of m-tiles.
+  __device__ static void build(const GemmParams& p, int* tile_start, int lane) {
+    int carry = 0;
+    for (int base = 0; base < p.num_groups; base += 32) {
+      const int g = base + lane;
+      int c = g < p.num_groups ? (p.group_offsets[g + 1] - p.group_offsets[g] + BM - 1) / BM : 0;
+      #pragma unroll
+      for (int d = 1; d < 32; d <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, c, d);
+        if (lane >= d) c += v;
+      }
+      if (g < p.num_groups) tile_start[g + 1] = carry + c;
+      carry += __shfl_sync(0xffffffffu, c, 31);
+    }
+    if (lane == 0) tile_start[0] = 0;
+  }
+
+  __device__ TileScheduler(const GemmParams& params, const int* starts) : p(params), tile_start(starts) {
+    tiles_n = (p.n + BN - 1) / BN;
+    tiles_m = GROUPING == kMGrouped ? tile_start[p.num_groups] : (p.m + BM - 1) / BM;
+    total = tiles_m * tiles_n * (GROUPING == kKGrouped ? p.num_groups : 1);
+  }
+
+  __device__ Tile tile(int t) const {
+    Tile c;
+    c.n0 = (t % tiles_n) * BN;
+    int mt = t / tiles_n;
+    c.group = 0; c.k_lo = 0; c.k_hi = 0; c.m_hi = p.m;
+    if constexpr (GROUPING == kMGrouped) {
+      int lo = 0, hi = p.num_groups;  // the last group whose first m-tile is <= mt
+      while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (tile_start[mid] <= mt) lo = mid; else hi = mid;
+      }
+      c.group = lo;
+      c.m0 = p.group_offsets[lo] + (mt - tile_start[lo]) * BM;
+      c.m_hi = p.group_offsets[lo + 1];
+    } else if constexpr (GROUPING == kKGrouped) {
+      c.group = mt / tiles_m;
+      c.m0 = (mt % tiles_m) * BM;
+      c.k_lo = p.group_offsets[c.group];
+      c.k_hi = p.group_offsets[c.group + 1];
+    } else {
+      c.m0 = mt * BM;
+    }
+    return c;
+  }
+
+  // Reduction tiles of a tile: every segment's k range in BK steps.
+  template <int BK>
+  __device__ int k_tiles(const Tile& c) const {
+    int n = 0;
+    for (int s = 0; s < p.num_segments; ++s) {
+      const int k = GROUPING == kKGrouped ? c.k_hi - c.k_lo : p.seg_k[s];
+      n += (k + BK - 1) / BK;
+    }
+    return n;
+  }
+};
+
+}  // namespace gemm

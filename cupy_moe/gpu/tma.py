@@ -1,0 +1,46 @@
+"""Tensor maps (CUtensorMap) for the Hopper GEMM's TMA loads, encoded by the CUDA driver.
+
+A tensor map describes a bf16 tensor of up to 3 dimensions (innermost first) and the box one TMA
+load brings into shared memory, with the 128-byte swizzle the wgmma descriptors expect and zeros
+for out-of-bounds elements. It travels by value in the kernel's parameter block.
+"""
+from __future__ import annotations
+
+import ctypes
+from functools import lru_cache
+
+TmaDesc = ctypes.c_uint64 * 16  # CUtensorMap: 128 opaque bytes, 64-byte aligned in the kernel
+
+_BFLOAT16 = 9             # CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+_INTERLEAVE_NONE = 0
+_SWIZZLE_128B = 3
+_L2_PROMOTION_256B = 3
+_OOB_FILL_ZEROS = 0
+
+
+@lru_cache(maxsize=1)
+def _encode_tiled():
+    lib = ctypes.CDLL("libcuda.so.1")  # the driver CuPy already runs on
+    fn = lib.cuTensorMapEncodeTiled
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
+                   ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
+                   ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32),
+                   ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    return fn
+
+
+def encode_bf16(desc, address: int, dims, strides, box) -> None:
+    """Fill `desc` (a TmaDesc) for a bf16 tensor at `address`: dims innermost first (elements),
+    strides of dims[1:] in elements (multiples of 8), box extents in elements (<= 256; the
+    innermost 64 = one 128-byte swizzle row)."""
+    rank = len(dims)
+    d = (ctypes.c_uint64 * rank)(*dims)
+    s = (ctypes.c_uint64 * (rank - 1))(*(2 * int(x) for x in strides))
+    b = (ctypes.c_uint32 * rank)(*box)
+    e = (ctypes.c_uint32 * rank)(*([1] * rank))
+    rc = _encode_tiled()(ctypes.addressof(desc), _BFLOAT16, rank, ctypes.c_void_p(address), d, s, b,
+                         e, _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_256B, _OOB_FILL_ZEROS)
+    if rc != 0:
+        raise RuntimeError(f"cuTensorMapEncodeTiled returned CUresult {rc} for address {address:#x}, "
+                           f"dims {tuple(dims)}, strides {tuple(strides)}, box {tuple(box)}")
