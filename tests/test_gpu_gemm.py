@@ -33,27 +33,42 @@ def _run(engine, **kw):
         raise
 
 
+def _ld(cols, padded):
+    """A leading dimension: the extent itself, or padded past the next multiple of 8."""
+    return -(-cols // 8) * 8 + 8 if padded else cols
+
+
 @pytest.mark.parametrize("a_kmajor,b_kmajor", [(True, True), (True, False), (False, False), (False, True)])
 @pytest.mark.parametrize("m,n,k", [(1, 8, 16), (130, 136, 72), (257, 200, 40), (5, 7, 3), (33, 9, 131),
                                    (131, 520, 1000), (389, 264, 8)])
 @pytest.mark.parametrize("epilogue", ["bf16", "f32", "f32_accumulate"])
+@pytest.mark.parametrize("padded", [False, True])
 @ENGINES
-def test_dense(a_kmajor, b_kmajor, m, n, k, epilogue, engine):
+def test_dense(a_kmajor, b_kmajor, m, n, k, epilogue, padded, engine):
+    """Padded leading dimensions put odd extents on aligned strides (the sm90 main loop's case);
+    the padding columns of the output must keep their poison."""
     import cupy as cp
     from cupy_moe.gpu.gemm import Segment
 
     rng = np.random.default_rng(m * 1000 + n + k)
-    A = _bf16(rng, m, k) if a_kmajor else _bf16(rng, k, m)
-    B = _bf16(rng, n, k) if b_kmajor else _bf16(rng, k, n)
+    a_shape = (m, k) if a_kmajor else (k, m)
+    b_shape = (n, k) if b_kmajor else (k, n)
+    A_mem = _bf16(rng, a_shape[0], _ld(a_shape[1], padded))
+    B_mem = _bf16(rng, b_shape[0], _ld(b_shape[1], padded))
+    A, B = A_mem[:, :a_shape[1]], B_mem[:, :b_shape[1]]
     ref = (_f(A) if a_kmajor else _f(A).T) @ (_f(B).T if b_kmajor else _f(B))
-    c0 = rng.standard_normal((m, n), dtype=np.float32)
-    out = cp.empty((m, n), bfloat16 if epilogue == "bf16" else cp.float32)
+    ldc = _ld(n, padded)
+    out = cp.empty((m, ldc), bfloat16 if epilogue == "bf16" else cp.float32)
     if epilogue == "f32_accumulate":
-        out[...] = cp.asarray(c0)
+        c0 = rng.standard_normal((m, n), dtype=np.float32)
+        out[:, :n] = cp.asarray(c0)
         ref = ref + c0
-    _run(engine, m=m, n=n, segments=[Segment(cp.asarray(A), A.shape[1], cp.asarray(B), B.shape[1], k=k)],
-         a_kmajor=a_kmajor, b_kmajor=b_kmajor, out=out, ldc=n, epilogue=epilogue)
-    assert relative_error(out.get().astype(np.float32), ref) < (1e-2 if epilogue == "bf16" else 1e-5)
+    _run(engine, m=m, n=n, segments=[Segment(cp.asarray(A_mem), A_mem.shape[1], cp.asarray(B_mem),
+                                             B_mem.shape[1], k=k)],
+         a_kmajor=a_kmajor, b_kmajor=b_kmajor, out=out, ldc=ldc, epilogue=epilogue)
+    got = out.get()
+    assert relative_error(got[:, :n].astype(np.float32), ref) < (1e-2 if epilogue == "bf16" else 1e-5)
+    assert np.isnan(got[:, n:].astype(np.float32)).all()  # untouched poison
 
 
 @ENGINES

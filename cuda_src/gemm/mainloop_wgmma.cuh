@@ -8,10 +8,13 @@
 // reads (base 1024-byte aligned, 16-byte chunk c of a 128-byte row r stored at chunk c ^ (r % 8)):
 //   K-major  [rows][64 k]                       one 128-byte row per m (or n)
 //   MN-major [MN / 64 atoms][64 k][64 mn]       one 128-byte row per k, atoms 8 KB apart
-// An operand comes by TMA unless its lines are gathered through an index map or it is the
-// reduction operand of a K-grouped GEMM (whose reduction lines must stop at the group's end):
-// those are copied by the producer warpgroup's 128 threads with cp.async into the same layout,
-// zero-filled outside the valid range. Cfg fields as in mainloop_mma.cuh, plus BN and STAGES.
+// An operand comes by TMA unless its lines are gathered through an index map: those are copied
+// by the producer warpgroup's 128 threads with cp.async into the same layout, zero-filled outside
+// the valid range. A K-grouped GEMM's last reduction tile of a group reads past the group's end;
+// the consumers zero those lines of TMA-loaded operands before the MMA (so another expert's
+// Inf or NaN never leaks in). bf16 results leave through shared memory and TMA stores that
+// overlap the next tile's main loop; fp32 results and M-grouped tiles that straddle a group's
+// end are stored from registers. Cfg fields as in mainloop_mma.cuh, plus BN and STAGES.
 #pragma once
 #include "wgmma_ops.cuh"
 #include "scheduler.cuh"
@@ -27,13 +30,17 @@ constexpr int ATOM_BYTES = BK * 128;  // one 64-wide MN atom of an MN-major tile
 
 template <class Cfg>
 struct Plan {
-  static constexpr bool CPA_A = Cfg::GATHER_A || Cfg::GROUPING == kKGrouped;
-  static constexpr bool CPA_B = Cfg::GATHER_B || Cfg::GROUPING == kKGrouped;
+  static constexpr bool CPA_A = Cfg::GATHER_A, CPA_B = Cfg::GATHER_B;
   static constexpr bool CPA = CPA_A || CPA_B;
+  static constexpr bool MASK_A = Cfg::GROUPING == kKGrouped && !CPA_A;
+  static constexpr bool MASK_B = Cfg::GROUPING == kKGrouped && !CPA_B;
+  static constexpr bool TMA_STORE = Cfg::C_TMA;  // bf16 output with 16-byte aligned strides
   static constexpr int A_BYTES = BM * BK * 2, B_BYTES = Cfg::BN * BK * 2;
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
   static constexpr u32 TMA_BYTES = (CPA_A ? 0 : A_BYTES) + (CPA_B ? 0 : B_BYTES);
-  static constexpr int BARRIERS = Cfg::STAGES * STAGE_BYTES;       // full[STAGES], empty[STAGES]
+  static constexpr int STAGING = Cfg::STAGES * STAGE_BYTES;        // per consumer warpgroup:
+  static constexpr int STAGING_BYTES = TMA_STORE ? 64 * Cfg::BN * 2 : 0;  // 64 rows of bf16
+  static constexpr int BARRIERS = STAGING + CONSUMER_WARPGROUPS * STAGING_BYTES;  // full, empty
   static constexpr int SCHEDULE = BARRIERS + 2 * Cfg::STAGES * 8;  // TileScheduler::tile_start
   static constexpr int FULL_ARRIVALS = 1 + (CPA ? PRODUCER_THREADS : 0);
   static constexpr int EMPTY_ARRIVALS = CONSUMER_WARPGROUPS * 4;  // lane 0 of each consumer warp
@@ -41,6 +48,7 @@ struct Plan {
   static constexpr int PRODUCER_REGS = 56, CONSUMER_REGS = 224;
   static_assert(Cfg::BN == 64 || Cfg::BN == 128 || Cfg::BN == 256, "BN");
   static_assert(MAX_SEGMENTS >= 1, "segments");
+  static_assert(!Cfg::C_TMA || Cfg::EPILOGUE == kStoreBf16, "TMA stores carry bf16 results");
   static_assert(PRODUCER_REGS * PRODUCER_THREADS + CONSUMER_REGS * 128 * CONSUMER_WARPGROUPS <= 65536, "regs");
   static_assert(Cfg::GROUPING != kMGrouped || Cfg::A_KMAJOR, "M-grouped GEMMs take a K-major A");
   static_assert(Cfg::GROUPING != kKGrouped || (!Cfg::A_KMAJOR && !Cfg::B_KMAJOR),
@@ -114,14 +122,14 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const TileSche
             tma_tile<BN, BN, Cfg::B_KMAJOR>(tb, &P.tma_b[s], &full[stage], tc.n0, k0, grp);
         }
         if constexpr (L::CPA_A) {
-          const int* map = Cfg::GATHER_A ? p.gather_a : nullptr;
+          const int* map = p.gather_a;
           if constexpr (Cfg::A_KMAJOR)
             cp_async_tile<BM, BK>(ta, a_base, p.lda[s], map, p.gather_div, tc.m0, tc.m_hi, k0, k_end, tid);
           else
             cp_async_tile<BK, BM>(ta, a_base, p.lda[s], map, p.gather_div, k0, k_end, tc.m0, p.m, tid);
         }
         if constexpr (L::CPA_B) {
-          const int* map = Cfg::GATHER_B ? p.gather_b : nullptr;
+          const int* map = p.gather_b;
           if constexpr (Cfg::B_KMAJOR)
             cp_async_tile<BN, BK>(tb, b_base, p.ldb[s], map, p.gather_div, tc.n0, p.n, k0, k_end, tid);
           else
@@ -134,11 +142,28 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const TileSche
   }
 }
 
+// K-grouped: zero lines [valid, BK) of the stage's TMA-loaded MN-major tiles (one 128-byte row
+// per line and atom), by both consumer warpgroups before either issues its MMAs.
+template <class Cfg>
+__device__ __forceinline__ void mask_lines(u8* stage, int valid, int tid) {
+  using L = Plan<Cfg>;
+  constexpr int ATOMS_A = L::MASK_A ? BM / 64 : 0, ATOMS = ATOMS_A + (L::MASK_B ? Cfg::BN / 64 : 0);
+  const int chunks = (BK - valid) * 8 * ATOMS;
+  for (int i = tid; i < chunks; i += 128 * CONSUMER_WARPGROUPS) {
+    const int atom = i / ((BK - valid) * 8), rest = i % ((BK - valid) * 8);
+    u8* tile = atom < ATOMS_A ? stage + atom * ATOM_BYTES
+                              : stage + L::A_BYTES + (atom - ATOMS_A) * ATOM_BYTES;
+    *(uint4*)(tile + (valid + rest / 8) * 128 + (rest % 8) * 16) = make_uint4(0, 0, 0, 0);
+  }
+  fence_proxy_async();
+  named_barrier(1, 128 * CONSUMER_WARPGROUPS);
+}
+
 // Accumulator fragment of wgmma m64nN: warp w of the warpgroup owns rows 16w..16w+15; for each
 // 8-column block j, d[4j + 2h + e] is row 16w + lane / 4 + 8h, column 8j + 2 (lane % 4) + e.
 template <class Cfg>
-__device__ __forceinline__ void store_tile(const GemmParams& p, const Tile& tc, const float (&acc)[Cfg::BN / 2],
-                                           int wg, int warp, int lane) {
+__device__ __forceinline__ void store_tile_direct(const GemmParams& p, const Tile& tc,
+                                                  const float (&acc)[Cfg::BN / 2], int wg, int warp, int lane) {
   const i64 c_off = Cfg::GROUPING == kKGrouped ? (i64)tc.group * p.c_group_stride : 0;
   const int row0 = tc.m0 + 64 * wg + 16 * warp + lane / 4;
   const int col0 = tc.n0 + 2 * (lane % 4);
@@ -165,6 +190,37 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, const Tile& tc, 
   }
 }
 
+// bf16 tile of one warpgroup (64 rows) through its shared-memory staging buffer (64-column
+// sub-tiles, 128-byte swizzled: conflict-free writes) and TMA stores, which clip at the tensor's
+// edges. The store runs while the warpgroup goes on with its next tile; the staging buffer is
+// reused only after the previous store has read it.
+template <class Cfg>
+__device__ __forceinline__ void store_tile_tma(const GemmSm90Params& P, const Tile& tc,
+                                               const float (&acc)[Cfg::BN / 2], u8* staging, int wg,
+                                               int tid) {
+  const int warp = tid / 32, lane = tid % 32;
+  if (tid == 0) bulk_wait_read();
+  named_barrier(2 + wg, 128);
+  #pragma unroll
+  for (int j = 0; j < Cfg::BN / 8; ++j) {
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = 16 * warp + lane / 4 + 8 * h;
+      u8* dst = staging + (j / 8) * (64 * 128) + r * 128 + (((j % 8) ^ (r % 8)) << 4) + 4 * (lane % 4);
+      *(u32*)dst = pack_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+    }
+  }
+  fence_proxy_async();
+  named_barrier(2 + wg, 128);
+  if (tid == 0) {
+    const int group = Cfg::GROUPING == kKGrouped ? tc.group : 0;
+    #pragma unroll
+    for (int a = 0; a < Cfg::BN / 64; ++a)
+      tma_store_3d(&P.tma_c, staging + a * (64 * 128), tc.n0 + 64 * a, tc.m0 + 64 * wg, group);
+    bulk_commit();
+  }
+}
+
 template <class Cfg>
 __device__ __forceinline__ void consumer(const GemmSm90Params& P, const TileScheduler<BM, Cfg::BN, Cfg::GROUPING>& sched,
                                          u8* smem, u64* full, u64* empty, int wg, int tid) {
@@ -187,6 +243,11 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const TileSche
     for (int kt = 0; kt < nk; ++kt) {
       mbar_wait(&full[stage], phase);
       if constexpr (L::CPA) fence_proxy_async();
+      if constexpr (L::MASK_A || L::MASK_B) {
+        const int seg_tiles = (tc.k_hi - tc.k_lo + BK - 1) / BK;
+        const int valid = tc.k_hi - tc.k_lo - (kt % seg_tiles) * BK;
+        if (valid < BK) mask_lines<Cfg>(smem + stage * L::STAGE_BYTES, valid, tid + 128 * wg);
+      }
       const u32 a_tile = smem_addr(smem + stage * L::STAGE_BYTES);
       const u32 b_tile = a_tile + L::A_BYTES;
       fence_operands(acc);
@@ -209,8 +270,12 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const TileSche
     wgmma_wait<0>();
     fence_operands(acc);
     if (prev >= 0) release(prev);
-    store_tile<Cfg>(P.base, tc, acc, wg, warp, lane);
+    if (Plan<Cfg>::TMA_STORE && (Cfg::GROUPING != kMGrouped || tc.m0 + 64 * (wg + 1) <= tc.m_hi))
+      store_tile_tma<Cfg>(P, tc, acc, smem + L::STAGING + wg * L::STAGING_BYTES, wg, tid);
+    else
+      store_tile_direct<Cfg>(P.base, tc, acc, wg, warp, lane);
   }
+  if (L::TMA_STORE && tid == 0) bulk_wait();
 }
 
 template <class Cfg>

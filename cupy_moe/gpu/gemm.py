@@ -79,9 +79,10 @@ def _module(cfg: GemmConfig):
 
 
 def _sm90_params_struct():
-    fields = [("tma_a", TmaDesc * MAX_SEGMENTS), ("tma_b", TmaDesc * MAX_SEGMENTS), ("base", GemmParams)]
-    types = ["TmaDesc", "TmaDesc", "GemmParams"]
-    pad = -(ctypes.sizeof(TmaDesc) * 2 * MAX_SEGMENTS + ctypes.sizeof(GemmParams)) % 64
+    fields = [("tma_a", TmaDesc * MAX_SEGMENTS), ("tma_b", TmaDesc * MAX_SEGMENTS), ("tma_c", TmaDesc),
+              ("base", GemmParams)]
+    types = ["TmaDesc", "TmaDesc", "TmaDesc", "GemmParams"]
+    pad = -(ctypes.sizeof(TmaDesc) * (2 * MAX_SEGMENTS + 1) + ctypes.sizeof(GemmParams)) % 64
     if pad:  # C++ rounds the size up to TmaDesc's 64-byte alignment; the driver copies that many
         fields.append(("pad", ctypes.c_uint8 * pad))
         types.append("unsigned char")
@@ -102,6 +103,7 @@ class Sm90Config:
     GATHER_B: bool = False
     GROUPING: int = 0
     EPILOGUE: int = 0
+    C_TMA: bool = False  # bf16 results leave through shared memory and TMA stores
 
     BM = 128
     BK = 64
@@ -110,7 +112,8 @@ class Sm90Config:
 
     def smem_bytes(self, num_groups: int) -> int:
         stage = (self.BM + self.BN) * self.BK * 2
-        return 1024 + self.STAGES * (stage + 16) + 4 * (num_groups + 1)
+        staging = self.BM * self.BN * 2 if self.C_TMA else 0
+        return 1024 + self.STAGES * (stage + 16) + staging + 4 * (num_groups + 1)
 
     @classmethod
     def choose(cls, m_tiles: int, n: int, sms: int, **flags) -> "Sm90Config":
@@ -122,7 +125,7 @@ class Sm90Config:
             bn = 64
         else:
             bn = 128
-        stages = {256: 4, 128: 6, 64: 8}[bn]
+        stages = {256: 4, 128: 6, 64: 8}[bn] - (flags.get("C_TMA", False) and bn > 64)
         return cls(BN=bn, STAGES=stages, **flags)
 
 
@@ -199,8 +202,7 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
                  EPILOGUE=EPILOGUES[epilogue])
     if engine != "mma":
         why = _sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stride,
-                                flags["GATHER_A"] or grouping == "k",
-                                flags["GATHER_B"] or grouping == "k")
+                                flags["GATHER_A"], flags["GATHER_B"])
         if why is None:
             return _launch_sm90(p, segments, m, n, grouping, num_groups, flags)
         if engine == "sm90":
@@ -210,8 +212,8 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
 
 def _sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stride, copy_a, copy_b):
     """None when the Hopper main loop applies, else the reason. TMA needs 16-byte aligned
-    addresses and strides; cp.async-copied operands (gathered, or K-grouped) move whole 16-byte
-    chunks, so their column extents must be multiples of 8; the epilogue stores element pairs."""
+    addresses and strides; gathered operands (cp.async) move whole 16-byte chunks, so their line
+    lengths must be multiples of 8; the epilogue stores element pairs."""
     import cupy
 
     cc, _ = _device_info(cupy.cuda.Device().id)
@@ -234,11 +236,15 @@ def _launch_sm90(p, segments, m, n, grouping, num_groups, flags) -> None:
 
     _, sms = _device_info(cupy.cuda.Device().id)
     m_tiles = cdiv(m, Sm90Config.BM) + (num_groups if grouping == "m" else 0)
-    cfg = Sm90Config.choose(m_tiles, n, sms, **flags)
+    c_tma = (flags["EPILOGUE"] == EPILOGUES["bf16"] and p.ldc % 8 == 0 and p.c_group_stride % 8 == 0)
+    cfg = Sm90Config.choose(m_tiles, n, sms, C_TMA=c_tma, **flags)
     P = GemmSm90Params()
     P.base = p
-    copy_a = cfg.GATHER_A or grouping == "k"
-    copy_b = cfg.GATHER_B or grouping == "k"
+    if c_tma:
+        c_groups = num_groups if grouping == "k" else 1
+        encode_bf16(P.tma_c, p.c, (n, m, c_groups),
+                    (p.ldc, p.c_group_stride if c_groups > 1 else p.ldc * m), (64, 64, 1))
+    copy_a, copy_b = cfg.GATHER_A, cfg.GATHER_B
     groups = num_groups if grouping == "m" else 1
     for i, s in enumerate(segments):
         if s.k == 0:
@@ -304,7 +310,8 @@ def example_sm90_configs():
                 (True, True, True, False, 1, 0), (True, False, True, False, 1, 1),
                 (True, False, False, False, 1, 0),
                 (False, False, True, False, 2, 0), (False, False, False, True, 2, 0)):
-            out.append(Sm90Config(BN=bn, STAGES=stages, A_KMAJOR=a_k, B_KMAJOR=b_k,
-                                  GATHER_A=gather_a, GATHER_B=gather_b, GROUPING=grouping,
-                                  EPILOGUE=epi))
+            c_tma = epi == 0 and bn != 128  # both store paths at every grouping
+            out.append(Sm90Config(BN=bn, STAGES=stages - (c_tma and bn > 64), A_KMAJOR=a_k,
+                                  B_KMAJOR=b_k, GATHER_A=gather_a, GATHER_B=gather_b,
+                                  GROUPING=grouping, EPILOGUE=epi, C_TMA=c_tma))
     return out

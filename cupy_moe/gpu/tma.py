@@ -9,7 +9,12 @@ from __future__ import annotations
 import ctypes
 from functools import lru_cache
 
-TmaDesc = ctypes.c_uint64 * 16  # CUtensorMap: 128 opaque bytes, 64-byte aligned in the kernel
+
+
+class TmaDesc(ctypes.Structure):
+    """CUtensorMap: 128 opaque bytes (64-byte aligned in the kernel's parameter block)."""
+    _fields_ = [("opaque", ctypes.c_uint64 * 16)]
+
 
 _BFLOAT16 = 9             # CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
 _INTERLEAVE_NONE = 0
