@@ -120,7 +120,7 @@ def gemm_table(reps):
         for m_, n_ in ((Nd, Hd), (Hd, Nd // 2)):
             A, B = rand(rows, m_), rand(rows, n_)
             C = cp.empty((E, m_, n_), bfloat16)
-            seg = [Segment(A, m_, B, n_)]
+            seg = [Segment(A, m_, B, n_, k=rows)]
             run = lambda e: (lambda: gemm(m=m_, n=n_, segments=seg, a_kmajor=False, b_kmajor=False,
                                           out=C, ldc=n_, c_group_stride=m_ * n_, grouping="k",
                                           group_offsets=offs, num_groups=E, engine=e))

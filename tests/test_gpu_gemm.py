@@ -145,7 +145,7 @@ def test_k_grouped_empty_groups_write_zeros(m, n, gather, engine):
     ref = np.stack([Af[offs[g]:offs[g + 1]].T @ Bf[offs[g]:offs[g + 1]] for g in range(G)])
     out = cp.empty((G, m, n), bfloat16)
     kw = {f"gather_{gather}": cp.asarray(slots)}
-    _run(engine, m=m, n=n, segments=[Segment(cp.asarray(A), m, cp.asarray(B), n)], a_kmajor=False,
+    _run(engine, m=m, n=n, segments=[Segment(cp.asarray(A), m, cp.asarray(B), n, k=L)], a_kmajor=False,
          b_kmajor=False, out=out, ldc=n, c_group_stride=m * n, grouping="k",
          group_offsets=cp.asarray(offs), num_groups=G, gather_div=K, **kw)
     got = out.get().astype(np.float32)
@@ -167,7 +167,7 @@ def test_more_tiles_than_sms(grouping, engine):
         A, B = _bf16(rng, L, m), _bf16(rng, L, n)
         ref = np.stack([_f(A[offs[g]:offs[g + 1]]).T @ _f(B[offs[g]:offs[g + 1]]) for g in range(G)])
         out = cp.empty((G, m, n), bfloat16)
-        _run(engine, m=m, n=n, segments=[Segment(cp.asarray(A), m, cp.asarray(B), n)], a_kmajor=False,
+        _run(engine, m=m, n=n, segments=[Segment(cp.asarray(A), m, cp.asarray(B), n, k=L)], a_kmajor=False,
              b_kmajor=False, out=out, ldc=n, c_group_stride=m * n, grouping="k",
              group_offsets=cp.asarray(offs), num_groups=G)
     else:

@@ -150,8 +150,9 @@ def _device_info(device_id: int):
 
 @dataclass
 class Segment:
-    """One K segment: A (lda), B (ldb) and its reduction length k (ignored when K-grouped).
-    b_group_stride: elements between consecutive experts' B (M-grouped)."""
+    """One K segment: A (lda), B (ldb) and its reduction length k (K-grouped: the operands' memory
+    lines, i.e. the last group offset). b_group_stride: elements between consecutive experts' B
+    (M-grouped)."""
 
     a: object
     lda: int

@@ -80,11 +80,11 @@ def backward(dy, ctx: MoEContext) -> MoEGradients:
     del da_unweighted
     # Weight gradients: each expert reduces over its own token rows (empty experts write zeros).
     d_down_w = cp.empty((E, H, I), bfloat16)
-    gemm(m=H, n=I, segments=[Segment(dy, H, aw, I)], a_kmajor=False, b_kmajor=False,
+    gemm(m=H, n=I, segments=[Segment(dy, H, aw, I, k=N)], a_kmajor=False, b_kmajor=False,
          out=d_down_w, ldc=I, c_group_stride=H * I, gather_a=slots, gather_div=K, **k_grouped)
     d_gate_w, d_up_w = cp.empty((E, I, H), bfloat16), cp.empty((E, I, H), bfloat16)
     for d, out in ((dg, d_gate_w), (du, d_up_w)):
-        gemm(m=I, n=H, segments=[Segment(d, I, x, H)], a_kmajor=False, b_kmajor=False, out=out,
+        gemm(m=I, n=H, segments=[Segment(d, I, x, H, k=N)], a_kmajor=False, b_kmajor=False, out=out,
              ldc=H, c_group_stride=I * H, gather_b=slots, gather_div=K, **k_grouped)
     # dgrad of the routed experts: [dg | du] @ [Wg; Wu] per expert.
     dx_sorted = cp.empty((N, H), bfloat16)
