@@ -135,6 +135,27 @@ def gemm_table(reps):
                     print(f"  torch._grouped_mm (K-grouped) unavailable: {exc}")
             row(f"K-grouped {m_}x{n_} per expert, {skew}", 2 * rows * m_ * n_, run("sm90"),
                 run("mma"), None, t_torch)
+        if skew == "balanced":  # the layer's gathered forms: token rows read through sorted slots
+            T = rows // 8
+            slots = cp.asarray(rng.permutation(rows).astype(np.int32))
+            Xt = rand(T, Hd)
+            C = cp.empty((rows, Nd), bfloat16)
+            seg = [Segment(Xt, Hd, W, Hd, k=Hd, b_group_stride=Nd * Hd)]
+            run = lambda e: (lambda: gemm(m=rows, n=Nd, segments=seg, a_kmajor=True, b_kmajor=True,
+                                          out=C, ldc=Nd, grouping="m", group_offsets=offs,
+                                          num_groups=E, gather_a=slots, gather_div=8, engine=e))
+            row(f"M-grouped {rows}x{Nd}x{Hd} gathered A", 2 * rows * Nd * Hd, run("sm90"),
+                run("mma"), None)
+            B = rand(rows, Nd // 2)
+            C = cp.empty((E, Hd, Nd // 2), bfloat16)
+            seg = [Segment(Xt, Hd, B, Nd // 2, k=rows)]
+            run = lambda e: (lambda: gemm(m=Hd, n=Nd // 2, segments=seg, a_kmajor=False,
+                                          b_kmajor=False, out=C, ldc=Nd // 2,
+                                          c_group_stride=Hd * Nd // 2, grouping="k",
+                                          group_offsets=offs, num_groups=E, gather_a=slots,
+                                          gather_div=8, engine=e))
+            row(f"K-grouped {Hd}x{Nd // 2} per expert, gathered A", 2 * rows * Hd * Nd // 2,
+                run("sm90"), run("mma"), None)
         del X, W, A, B, C
 
 

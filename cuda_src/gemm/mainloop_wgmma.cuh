@@ -10,7 +10,9 @@
 //   MN-major [MN / 64 atoms][64 k][64 mn]       one 128-byte row per k, atoms 8 KB apart
 // An operand comes by TMA unless its lines are gathered through an index map: those are copied
 // by the producer warpgroup's 128 threads with cp.async into the same layout, zero-filled outside
-// the valid range. A K-grouped GEMM's last reduction tile of a group reads past the group's end;
+// the valid range. wgmma reads shared memory through the async proxy, so cp.async data needs a
+// proxy fence after it lands; the producer threads wait for their copies CPA_LAG stages behind
+// the newest, fence and only then arrive, which keeps the fence off the consumers' path. A K-grouped GEMM's last reduction tile of a group reads past the group's end;
 // the consumers zero those lines of TMA-loaded operands before the MMA (so another expert's
 // Inf or NaN never leaks in). bf16 results leave through shared memory and TMA stores that
 // overlap the next tile's main loop; fp32 results and M-grouped tiles that straddle a group's
@@ -43,6 +45,7 @@ struct Plan {
   static constexpr int BARRIERS = STAGING + CONSUMER_WARPGROUPS * STAGING_BYTES;  // full, empty
   static constexpr int SCHEDULE = BARRIERS + 2 * Cfg::STAGES * 8;  // TileScheduler::tile_start
   static constexpr int FULL_ARRIVALS = 1 + (CPA ? PRODUCER_THREADS : 0);
+  static constexpr int CPA_LAG = Cfg::STAGES - 2;  // cp.async stages in flight past the newest
   static constexpr int EMPTY_ARRIVALS = CONSUMER_WARPGROUPS * 4;  // lane 0 of each consumer warp
   // Register split: the producer needs few, each consumer thread holds BN / 2 accumulators.
   static constexpr int PRODUCER_REGS = 56, CONSUMER_REGS = 224;
@@ -99,7 +102,7 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const TileSche
   constexpr int BN = Cfg::BN;
   const GemmParams& p = P.base;
   if (!L::CPA && tid != 0) return;  // TMA needs one thread
-  int stage = 0;
+  int stage = 0, issued = 0;
   u32 phase = 0;
   for (int t = blockIdx.x; t < sched.total; t += gridDim.x) {
     const Tile tc = sched.tile(t);
@@ -135,10 +138,24 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const TileSche
           else
             cp_async_tile<BK, BN>(tb, b_base, p.ldb[s], map, p.gather_div, k0, k_end, tc.n0, p.n, tid);
         }
-        if constexpr (L::CPA) cp_async_arrive_on(&full[stage]);
+        if constexpr (L::CPA) {
+          cp_async_commit();
+          cp_async_wait<L::CPA_LAG>();  // the copies of issue number `issued - CPA_LAG` have landed
+          if (issued >= L::CPA_LAG) {
+            fence_proxy_async();
+            mbar_arrive(&full[(issued - L::CPA_LAG) % Cfg::STAGES]);
+          }
+        }
+        ++issued;
         if (++stage == Cfg::STAGES) { stage = 0; phase ^= 1; }
       }
     }
+  }
+  if constexpr (L::CPA) {
+    cp_async_wait<0>();
+    fence_proxy_async();
+    for (int q = issued > L::CPA_LAG ? issued - L::CPA_LAG : 0; q < issued; ++q)
+      mbar_arrive(&full[q % Cfg::STAGES]);
   }
 }
 
@@ -242,7 +259,6 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const TileSche
     int prev = -1;
     for (int kt = 0; kt < nk; ++kt) {
       mbar_wait(&full[stage], phase);
-      if constexpr (L::CPA) fence_proxy_async();
       if constexpr (L::MASK_A || L::MASK_B) {
         const int seg_tiles = (tc.k_hi - tc.k_lo + BK - 1) / BK;
         const int valid = tc.k_hi - tc.k_lo - (kt % seg_tiles) * BK;

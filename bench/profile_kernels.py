@@ -1,0 +1,72 @@
+"""Where a public call's GPU time goes, kernel by kernel: every launch through cupy_moe._launch is
+bracketed by CUDA events and labelled with the line of cupy_moe that made it.
+Usage: PYTHONPATH=. python bench/profile_kernels.py layer [T] | sol080 [T]"""
+import sys
+import traceback
+
+import cupy as cp
+
+import cupy_moe
+from cupy_moe import _launch
+
+
+def traced(calls):
+    original = _launch.launch
+
+    def launch(module, name, grid, block, args, shared_mem=0):
+        where = next((f"{f.filename.split('cupy_moe/')[-1]}:{f.lineno}"
+                      for f in reversed(traceback.extract_stack()[:-1])
+                      if "cupy_moe/" in f.filename and "_launch.py" not in f.filename
+                      and "gemm.py" not in f.filename), "?")
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        original(module, name, grid, block, args, shared_mem)
+        end.record()
+        calls.append((where, name, grid, start, end))
+
+    return launch
+
+
+def profile(fn, label):
+    fn()  # compile and warm up outside the trace
+    calls = []
+    _launch.launch, original = traced(calls), _launch.launch
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    try:
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+    finally:
+        _launch.launch = original
+    total = cp.cuda.get_elapsed_time(start, end) * 1e3
+    print(f"{label}: {total:9.1f} us whole call (with tracing), {len(calls)} launches")
+    listed = 0.0
+    for where, name, grid, s, e in calls:
+        t = cp.cuda.get_elapsed_time(s, e) * 1e3
+        listed += t
+        print(f"  {t:9.1f} us  {name:<24} grid {str(grid):<16} {where}")
+    print(f"  {listed:9.1f} us  in listed kernels; the rest is host time and CuPy's own kernels")
+
+
+def main(argv):
+    what = argv[0] if argv else "layer"
+    T = int(argv[1]) if len(argv) > 1 else 8192
+    if what == "layer":
+        from cupy_moe.testing import make_moe_inputs
+
+        cfg = cupy_moe.MoEConfig.glm45_air()
+        a = make_moe_inputs(cfg, T, seed=0, xp=cp)
+        dy = make_moe_inputs(cfg, T, seed=1, xp=cp)["hidden_states"]
+        out, ctx = cupy_moe.moe_forward(**a, config=cfg)
+        profile(lambda: cupy_moe.moe_forward(**a, config=cfg), f"moe_forward T={T}")
+        profile(lambda: cupy_moe.moe_backward(dy, ctx), f"moe_backward T={T}")
+    else:
+        from cupy_moe.testing import make_sol080_inputs
+
+        a = make_sol080_inputs(T, seed=T, xp=cp)
+        profile(lambda: cupy_moe.sol080_backward(**a), f"sol080_backward T={T}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
