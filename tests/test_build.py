@@ -23,7 +23,7 @@ needs_nvrtc = pytest.mark.skipif(NVRTC is not None, reason=f"NVRTC unavailable: 
 ENTRIES = {
     "gemm.cu": [gemm.prelude(c) for c in gemm.example_configs()],
     "gemm_sm90.cu": [gemm.sm90_prelude(c) for c in gemm.example_sm90_configs()],
-    "router.cu": [""], "routing.cu": [""], "swiglu.cu": [""], "combine.cu": [""], "sol080.cu": [""],
+    "gather_rows.cu": [""], "router.cu": [""], "routing.cu": [""], "swiglu.cu": [""], "combine.cu": [""], "sol080.cu": [""],
 }
 
 

@@ -1,4 +1,5 @@
-"""Launchers of the memory-bound stages: SwiGLU forward/backward and the two combines."""
+"""Launchers of the memory-bound stages: the row gather, SwiGLU forward/backward and the two
+combines."""
 from __future__ import annotations
 
 import cupy as cp
@@ -6,6 +7,16 @@ import cupy as cp
 from .. import _build, _launch
 from .._arrays import bfloat16
 from .._launch import cdiv, grid_stride_blocks, i32, i64, ptr
+
+
+def gather_rows(src, index, div):
+    """dst[i] = src[index[i] // div] (rows of a C-contiguous 2-D array; index int32)."""
+    rows, width = index.shape[0], src.shape[1]
+    dst = cp.empty((rows, width), src.dtype)
+    _launch.launch(_build.load_module("gather_rows.cu"), "gather_rows",
+                   (min(cdiv(rows, 8), 132 * 16),), (256,),
+                   [ptr(src), ptr(index), i32(div), i32(rows), i32(width), ptr(dst)])
+    return dst
 
 
 def swiglu_forward(gate, up):

@@ -36,11 +36,12 @@ def forward(x, wr, bias, wg, wu, wd, wsg, wsu, wsd, config):
     scores, idx, w = router.forward(x, wr, bias, config)
     r = routing.sort(idx, E)
     grouped = dict(grouping="m", group_offsets=r.expert_offsets, num_groups=E)
+    x_sorted = elementwise.gather_rows(x, r.sorted_slots, K)
     gate, up = cp.empty((N, I), bfloat16), cp.empty((N, I), bfloat16)
     for weight, out in ((wg, gate), (wu, up)):
-        gemm(m=N, n=I, segments=[Segment(x, H, weight, H, k=H, b_group_stride=I * H)],
-             a_kmajor=True, b_kmajor=True, out=out, ldc=I, gather_a=r.sorted_slots, gather_div=K,
-             **grouped)
+        gemm(m=N, n=I, segments=[Segment(x_sorted, H, weight, H, k=H, b_group_stride=I * H)],
+             a_kmajor=True, b_kmajor=True, out=out, ldc=I, **grouped)
+    del x_sorted
     act = elementwise.swiglu_forward(gate, up)
     y_sorted = cp.empty((N, H), bfloat16)
     gemm(m=N, n=H, segments=[Segment(act, I, wd, I, k=I, b_group_stride=H * I)],
@@ -70,22 +71,27 @@ def backward(dy, ctx: MoEContext) -> MoEGradients:
     m_grouped = dict(grouping="m", group_offsets=ctx.expert_offsets, num_groups=E)
     k_grouped = dict(grouping="k", group_offsets=ctx.expert_offsets, num_groups=E)
 
+    # Token rows in the experts' order, so every grouped GEMM below reads plain rows.
+    dy_sorted = elementwise.gather_rows(dy, slots, K)
+    x_sorted = elementwise.gather_rows(x, slots, K)
     # Routed experts: da' = dy Wd (fp32), then the SwiGLU backward and dw = <da', a> per row.
     da_unweighted = cp.empty((N, I), cp.float32)
-    gemm(m=N, n=I, segments=[Segment(dy, H, ctx.expert_down_weight, I, k=H, b_group_stride=H * I)],
-         a_kmajor=True, b_kmajor=False, out=da_unweighted, ldc=I, epilogue="f32",
-         gather_a=slots, gather_div=K, **m_grouped)
+    gemm(m=N, n=I, segments=[Segment(dy_sorted, H, ctx.expert_down_weight, I, k=H,
+                                     b_group_stride=H * I)],
+         a_kmajor=True, b_kmajor=False, out=da_unweighted, ldc=I, epilogue="f32", **m_grouped)
     dg, du, dw_sorted, aw = elementwise.swiglu_backward(
         da_unweighted, ctx.gate, ctx.up, ctx.act, ctx.topk_weights, slots)
     del da_unweighted
     # Weight gradients: each expert reduces over its own token rows (empty experts write zeros).
     d_down_w = cp.empty((E, H, I), bfloat16)
-    gemm(m=H, n=I, segments=[Segment(dy, H, aw, I, k=N)], a_kmajor=False, b_kmajor=False,
-         out=d_down_w, ldc=I, c_group_stride=H * I, gather_a=slots, gather_div=K, **k_grouped)
+    gemm(m=H, n=I, segments=[Segment(dy_sorted, H, aw, I, k=N)], a_kmajor=False, b_kmajor=False,
+         out=d_down_w, ldc=I, c_group_stride=H * I, **k_grouped)
+    del dy_sorted
     d_gate_w, d_up_w = cp.empty((E, I, H), bfloat16), cp.empty((E, I, H), bfloat16)
     for d, out in ((dg, d_gate_w), (du, d_up_w)):
-        gemm(m=I, n=H, segments=[Segment(d, I, x, H, k=N)], a_kmajor=False, b_kmajor=False, out=out,
-             ldc=H, c_group_stride=I * H, gather_b=slots, gather_div=K, **k_grouped)
+        gemm(m=I, n=H, segments=[Segment(d, I, x_sorted, H, k=N)], a_kmajor=False, b_kmajor=False,
+             out=out, ldc=H, c_group_stride=I * H, **k_grouped)
+    del x_sorted
     # dgrad of the routed experts: [dg | du] @ [Wg; Wu] per expert.
     dx_sorted = cp.empty((N, H), bfloat16)
     gemm(m=N, n=H, segments=[Segment(dg, I, ctx.expert_gate_weight, H, k=I, b_group_stride=I * H),
