@@ -182,3 +182,38 @@ def test_more_tiles_than_sms(grouping, engine):
                                                  b_group_stride=n * k)],
              a_kmajor=True, b_kmajor=True, out=out, ldc=n, **kw)
     assert relative_error(out.get().astype(np.float32), ref) < 1e-2
+
+
+@pytest.mark.parametrize("n,k", [(136, 200), (1408, 264), (13, 40)])
+@pytest.mark.parametrize("routed", [True, False])
+@ENGINES
+def test_swiglu_backward_epilogue(n, k, routed, engine):
+    """da' = dy W (M-grouped, never stored) -> dg, du, aw and dw = <da', a>, as the elementwise
+    kernel computes them from an fp32 da' (the mma engine runs exactly that composition)."""
+    import cupy as cp
+    from cupy_moe.gpu.gemm import Segment, SwigluBackward
+
+    rng = np.random.default_rng(n + k)
+    G, M = 5, 301
+    offs = _groups(rng, G, M, empty=(2,))
+    dy, W = _bf16(rng, M, k), _bf16(rng, G, k, n)
+    g, u, a = _bf16(rng, M, n), _bf16(rng, M, n), _bf16(rng, M, n)
+    w = rng.random(M, dtype=np.float32) if routed else np.ones(M, np.float32)
+    da = np.concatenate([_f(dy[offs[i]:offs[i + 1]]) @ _f(W[i]) for i in range(G)])
+    s = 1 / (1 + np.exp(-_f(g)))
+    ref_dg = w[:, None] * da * _f(u) * s * (1 + _f(g) * (1 - s))
+    ref_du = w[:, None] * da * _f(g) * s
+    outs = [cp.empty((M, n), bfloat16) for _ in range(3)]
+    dw = cp.empty(M, cp.float32)
+    sw = SwigluBackward(gate=cp.asarray(g), up=cp.asarray(u), dg=outs[0], du=outs[1])
+    if routed:
+        sw.act, sw.row_weight, sw.aw, sw.dw = cp.asarray(a), cp.asarray(w), outs[2], dw
+    _run(engine, m=M, n=n, segments=[Segment(cp.asarray(dy), k, cp.asarray(W), n, k=k,
+                                             b_group_stride=k * n)],
+         a_kmajor=True, b_kmajor=False, out=None, ldc=n, epilogue="swiglu_backward", swiglu=sw,
+         grouping="m", group_offsets=cp.asarray(offs), num_groups=G)
+    assert relative_error(outs[0].get().astype(np.float32), ref_dg) < 1e-2
+    assert relative_error(outs[1].get().astype(np.float32), ref_du) < 1e-2
+    if routed:
+        assert relative_error(outs[2].get().astype(np.float32), w[:, None] * _f(a)) < 1e-2
+        assert relative_error(dw.get(), (da * _f(a)).sum(1)) < 1e-4

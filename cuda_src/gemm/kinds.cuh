@@ -3,5 +3,5 @@
 
 namespace gemm {
 enum Grouping { kNone = 0, kMGrouped = 1, kKGrouped = 2 };
-enum Epilogue { kStoreBf16 = 0, kStoreF32 = 1, kAccumulateF32 = 2 };
+enum Epilogue { kStoreBf16 = 0, kStoreF32 = 1, kAccumulateF32 = 2, kSwigluBackward = 3 };
 }  // namespace gemm

@@ -156,6 +156,7 @@ __device__ __forceinline__ void gemm_kernel_body(const GemmParams& p, bf16_t* sm
   static_assert(Cfg::GROUPING != kKGrouped || (!Cfg::A_KMAJOR && !Cfg::B_KMAJOR),
                 "K-grouped GEMMs reduce over memory lines: both operands MN-major");
   static_assert(NI % 2 == 0 && Cfg::BK % 16 == 0, "tile shape");
+  static_assert(Cfg::EPILOGUE <= kAccumulateF32, "fused epilogues are the Hopper main loop's");
 
   const TileCoord tc = locate_tile<Cfg>(p);
   if (!tc.valid || tc.n0 >= p.n) return;

@@ -27,24 +27,31 @@ def swiglu_forward(gate, up):
     return a
 
 
-def swiglu_backward(da_unweighted, gate, up, act=None, weights=None, sorted_slots=None):
-    """(dg, du, dw, aw); dw and aw only for routed experts (weights given), else None."""
+def swiglu_backward(da_unweighted, gate, up, act=None, row_weights=None, out=None):
+    """(dg, du, dw, aw) from the unweighted activation gradient; dw = <da', a> per row and
+    aw = bf16(w a) only for routed experts (row_weights given), else None. out: the four arrays
+    to write (None entries where not wanted) instead of new ones."""
     rows, width = gate.shape
-    dg, du = cp.empty_like(gate), cp.empty_like(gate)
-    routed = weights is not None
-    dw = cp.empty(rows, cp.float32) if routed else None
-    aw = cp.empty_like(gate) if routed else None
+    routed = row_weights is not None
+    if out is None:
+        out = (cp.empty_like(gate), cp.empty_like(gate),
+               cp.empty(rows, cp.float32) if routed else None, cp.empty_like(gate) if routed else None)
+    dg, du, dw, aw = out
     _launch.launch(_build.load_module("swiglu.cu"), "swiglu_backward", (rows,), (256,),
-                   [ptr(da_unweighted), ptr(gate), ptr(up), ptr(act), ptr(weights), ptr(sorted_slots),
+                   [ptr(da_unweighted), ptr(gate), ptr(up), ptr(act), ptr(row_weights),
                     i32(rows), i32(width), ptr(dg), ptr(du), ptr(dw), ptr(aw)])
     return dg, du, dw, aw
+
+
+def _combine_blocks(T, H):
+    return cdiv(T * H // (8 if H % 8 == 0 else 1), 256)  # one thread per 8 elements when H allows
 
 
 def combine_forward(y_sorted, slot_rows, weights, y_shared):
     T, K = weights.shape
     H = y_sorted.shape[1]
     out = cp.empty((T, H), bfloat16)
-    _launch.launch(_build.load_module("combine.cu"), "combine_forward", (cdiv(T * H, 256),), (256,),
+    _launch.launch(_build.load_module("combine.cu"), "combine_forward", (_combine_blocks(T, H),), (256,),
                    [ptr(y_sorted), ptr(slot_rows), ptr(weights), ptr(y_shared), i32(T), i32(H),
                     i32(K), ptr(out)])
     return out
@@ -53,6 +60,6 @@ def combine_forward(y_sorted, slot_rows, weights, y_shared):
 def combine_backward(dx_sorted, slot_rows, dx_rest, K):
     T, H = dx_rest.shape
     dx = cp.empty((T, H), bfloat16)
-    _launch.launch(_build.load_module("combine.cu"), "combine_backward", (cdiv(T * H, 256),), (256,),
+    _launch.launch(_build.load_module("combine.cu"), "combine_backward", (_combine_blocks(T, H),), (256,),
                    [ptr(dx_sorted), ptr(slot_rows), ptr(dx_rest), i32(T), i32(H), i32(K), ptr(dx)])
     return dx

@@ -21,7 +21,7 @@ from .tma import TmaDesc, encode_bf16
 
 MAX_SEGMENTS = 4
 GROUPINGS = {"none": 0, "m": 1, "k": 2}
-EPILOGUES = {"bf16": 0, "f32": 1, "f32_accumulate": 2}
+EPILOGUES = {"bf16": 0, "f32": 1, "f32_accumulate": 2, "swiglu_backward": 3}
 ENGINES = ("auto", "sm90", "mma")
 
 
@@ -35,9 +35,15 @@ class GemmParams(ctypes.Structure):
         ("m", ctypes.c_int32), ("n", ctypes.c_int32),
         ("group_offsets", ctypes.c_void_p), ("num_groups", ctypes.c_int32),
         ("gather_a", ctypes.c_void_p), ("gather_b", ctypes.c_void_p), ("gather_div", ctypes.c_int32),
+        # The SwiGLU-backward epilogue's operands (rows and leading dimension of C).
+        ("e_gate", ctypes.c_void_p), ("e_up", ctypes.c_void_p), ("e_act", ctypes.c_void_p),
+        ("e_row_weight", ctypes.c_void_p), ("e_dg", ctypes.c_void_p), ("e_du", ctypes.c_void_p),
+        ("e_aw", ctypes.c_void_p), ("e_row_partial", ctypes.c_void_p), ("e_partial_ld", ctypes.c_int32),
     ]
     _c_types_ = ["const void*", "const void*", "i64", "i64", "i64", "int", "int", "void*", "i64",
-                 "i64", "int", "int", "const int*", "int", "const int*", "const int*", "int"]
+                 "i64", "int", "int", "const int*", "int", "const int*", "const int*", "int",
+                 "const void*", "const void*", "const void*", "const float*", "void*", "void*",
+                 "void*", "float*", "int"]
 
 
 @dataclass(frozen=True)
@@ -162,6 +168,22 @@ class Segment:
     b_group_stride: int = 0
 
 
+@dataclass
+class SwigluBackward:
+    """Operands of the SwiGLU-backward epilogue: C (the unweighted gradient da' of the activation,
+    never stored) -> dg, du (bf16, like gate), and for routed experts (row_weight given) aw =
+    bf16(w a) and dw[row] = <da', a>. Every array shares C's rows and leading dimension."""
+
+    gate: object
+    up: object
+    dg: object
+    du: object
+    act: object = None
+    row_weight: object = None
+    aw: object = None
+    dw: object = None
+
+
 def _aligned(*values) -> bool:
     return all(int(v) % 8 == 0 for v in values)
 
@@ -173,7 +195,8 @@ def _addr(x) -> int:
 def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajor: bool,
          out, ldc: int, epilogue: str = "bf16", grouping: str = "none",
          group_offsets=None, num_groups: int = 0, c_group_stride: int = 0,
-         gather_a=None, gather_b=None, gather_div: int = 1, engine: str = "auto") -> None:
+         gather_a=None, gather_b=None, gather_div: int = 1, engine: str = "auto",
+         swiglu: SwigluBackward | None = None) -> None:
     """Launch one GEMM on the current stream.
 
     grouping='m': rows are experts' segments group_offsets[g]:group_offsets[g+1] of m total rows,
@@ -181,7 +204,9 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     group_offsets[g]:group_offsets[g+1] of both (MN-major) operands into C + g * c_group_stride,
     writing zeros for an empty group. gather_a / gather_b: int32 maps of the operand's memory lines
     (line -> map[line] // gather_div). engine: 'auto' (the Hopper main loop when it applies),
-    'sm90' (it or ValueError), 'mma' (the portable main loop).
+    'sm90' (it or ValueError), 'mma' (the portable main loop). epilogue='swiglu_backward' takes
+    `swiglu` (out is ignored); where the Hopper loop does not apply, it runs as an fp32 GEMM and
+    the elementwise kernel.
     """
     assert 1 <= len(segments) <= MAX_SEGMENTS and engine in ENGINES
     if m == 0 or n == 0:
@@ -191,13 +216,18 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
         p.a[i], p.b[i] = _addr(s.a), _addr(s.b)
         p.lda[i], p.ldb[i], p.b_group_stride[i], p.seg_k[i] = s.lda, s.ldb, s.b_group_stride, s.k
     p.num_segments = len(segments)
-    p.c, p.ldc, p.c_group_stride = _addr(out), ldc, c_group_stride
+    p.c, p.ldc, p.c_group_stride = (0 if out is None else _addr(out)), ldc, c_group_stride
     p.m, p.n = m, n
     p.group_offsets = 0 if group_offsets is None else _addr(group_offsets)
     p.num_groups = num_groups
     p.gather_a = 0 if gather_a is None else _addr(gather_a)
     p.gather_b = 0 if gather_b is None else _addr(gather_b)
     p.gather_div = gather_div
+    if epilogue == "swiglu_backward":
+        sw = swiglu
+        p.e_gate, p.e_up, p.e_dg, p.e_du = (_addr(a) for a in (sw.gate, sw.up, sw.dg, sw.du))
+        p.e_act, p.e_row_weight, p.e_aw = (0 if a is None else _addr(a)
+                                           for a in (sw.act, sw.row_weight, sw.aw))
     flags = dict(A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor, GATHER_A=gather_a is not None,
                  GATHER_B=gather_b is not None, GROUPING=GROUPINGS[grouping],
                  EPILOGUE=EPILOGUES[epilogue])
@@ -205,10 +235,24 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
         why = _sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stride,
                                 flags["GATHER_A"], flags["GATHER_B"])
         if why is None:
-            return _launch_sm90(p, segments, m, n, grouping, num_groups, flags)
+            return _launch_sm90(p, segments, m, n, grouping, num_groups, flags, swiglu)
         if engine == "sm90":
             raise ValueError(f"the sm90 GEMM does not apply: {why}")
-    _launch_mma(p, segments, m, n, grouping, num_groups, flags)
+    if epilogue == "swiglu_backward":
+        _swiglu_backward_unfused(p, segments, m, n, grouping, num_groups, flags, swiglu)
+    else:
+        _launch_mma(p, segments, m, n, grouping, num_groups, flags)
+
+
+def _swiglu_backward_unfused(p, segments, m, n, grouping, num_groups, flags, sw) -> None:
+    import cupy
+
+    from .elementwise import swiglu_backward
+
+    da = cupy.empty((m, n), cupy.float32)
+    p.c, p.ldc = da.data.ptr, n
+    _launch_mma(p, segments, m, n, grouping, num_groups, dict(flags, EPILOGUE=EPILOGUES["f32"]))
+    swiglu_backward(da, sw.gate, sw.up, sw.act, sw.row_weight, out=(sw.dg, sw.du, sw.dw, sw.aw))
 
 
 def _sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stride, copy_a, copy_b):
@@ -227,12 +271,12 @@ def _sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stri
             return "an operand stride is not a multiple of 8 elements"
         if copy_a and (s.k if a_kmajor else m) % 8 or copy_b and (s.k if b_kmajor else n) % 8:
             return "a copied operand's line length is not a multiple of 8 elements"
-    if n % 2 or ldc % 2 or c_group_stride % 2 or _addr(out) % 16:
+    if n % 2 or ldc % 2 or c_group_stride % 2 or out is not None and _addr(out) % 16:
         return "the output is not stored in element pairs"
     return None
 
 
-def _launch_sm90(p, segments, m, n, grouping, num_groups, flags) -> None:
+def _launch_sm90(p, segments, m, n, grouping, num_groups, flags, swiglu=None) -> None:
     import cupy
 
     _, sms = _device_info(cupy.cuda.Device().id)
@@ -265,8 +309,14 @@ def _launch_sm90(p, segments, m, n, grouping, num_groups, flags) -> None:
     else:
         tiles = m_tiles * tiles_n
     grid = (min(tiles, sms),)
+    partial = None
+    if swiglu is not None and swiglu.dw is not None:
+        partial = cupy.empty((m, tiles_n), cupy.float32)
+        P.base.e_row_partial, P.base.e_partial_ld = partial.data.ptr, tiles_n
     _launch.launch(_sm90_module(cfg), "gemm_sm90_kernel", grid, (cfg.THREADS,), [P],
                    cfg.smem_bytes(num_groups if grouping == "m" else 0))
+    if partial is not None:
+        partial.sum(axis=1, out=swiglu.dw)  # fixed order per row: deterministic
 
 
 def _launch_mma(p, segments, m, n, grouping, num_groups, flags) -> None:
@@ -309,7 +359,7 @@ def example_sm90_configs():
                 (True, True, False, False, 0, 0), (True, False, False, False, 0, 1),
                 (False, False, False, False, 0, 2), (False, True, False, False, 0, 0),
                 (True, True, True, False, 1, 0), (True, False, True, False, 1, 1),
-                (True, False, False, False, 1, 0),
+                (True, False, False, False, 1, 0), (True, False, False, False, 1, 3),
                 (False, False, True, False, 2, 0), (False, False, False, True, 2, 0)):
             c_tma = epi == 0 and bn != 128  # both store paths at every grouping
             out.append(Sm90Config(BN=bn, STAGES=stages - (c_tma and bn > 64), A_KMAJOR=a_k,

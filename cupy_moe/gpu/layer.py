@@ -9,7 +9,7 @@ import cupy as cp
 from .._arrays import bfloat16
 from ..context import MoEContext, MoEGradients
 from . import elementwise, router, routing
-from .gemm import Segment, gemm
+from .gemm import Segment, SwigluBackward, gemm
 
 MAX_GROUPS = 64  # the top-k kernel passes the kept groups as a 64-bit mask
 
@@ -74,14 +74,16 @@ def backward(dy, ctx: MoEContext) -> MoEGradients:
     # Token rows in the experts' order, so every grouped GEMM below reads plain rows.
     dy_sorted = elementwise.gather_rows(dy, slots, K)
     x_sorted = elementwise.gather_rows(x, slots, K)
-    # Routed experts: da' = dy Wd (fp32), then the SwiGLU backward and dw = <da', a> per row.
-    da_unweighted = cp.empty((N, I), cp.float32)
+    # Routed experts: da' = dy Wd per expert, never stored: the GEMM's epilogue turns it into
+    # dg, du, aw = bf16(w a) and dw = <da', a> per row (the SwiGLU backward).
+    w_sorted = ctx.topk_weights.reshape(-1)[slots]
+    dg, du, aw = (cp.empty((N, I), bfloat16) for _ in range(3))
+    dw_sorted = cp.empty(N, cp.float32)
     gemm(m=N, n=I, segments=[Segment(dy_sorted, H, ctx.expert_down_weight, I, k=H,
                                      b_group_stride=H * I)],
-         a_kmajor=True, b_kmajor=False, out=da_unweighted, ldc=I, epilogue="f32", **m_grouped)
-    dg, du, dw_sorted, aw = elementwise.swiglu_backward(
-        da_unweighted, ctx.gate, ctx.up, ctx.act, ctx.topk_weights, slots)
-    del da_unweighted
+         a_kmajor=True, b_kmajor=False, out=None, ldc=I, epilogue="swiglu_backward",
+         swiglu=SwigluBackward(gate=ctx.gate, up=ctx.up, dg=dg, du=du, act=ctx.act,
+                               row_weight=w_sorted, aw=aw, dw=dw_sorted), **m_grouped)
     # Weight gradients: each expert reduces over its own token rows (empty experts write zeros).
     d_down_w = cp.empty((E, H, I), bfloat16)
     gemm(m=H, n=I, segments=[Segment(dy_sorted, H, aw, I, k=N)], a_kmajor=False, b_kmajor=False,
@@ -110,11 +112,10 @@ def backward(dy, ctx: MoEContext) -> MoEGradients:
     shared = (None, None, None)
     if cfg.n_shared_experts:
         Is = cfg.shared_intermediate_size
-        das = cp.empty((T, Is), cp.float32)
+        dgs, dus = cp.empty((T, Is), bfloat16), cp.empty((T, Is), bfloat16)
         gemm(m=T, n=Is, segments=[Segment(dy, H, ctx.shared_expert_down_weight, Is, k=H)],
-             a_kmajor=True, b_kmajor=False, out=das, ldc=Is, epilogue="f32")
-        dgs, dus, _, _ = elementwise.swiglu_backward(das, ctx.shared_gate, ctx.shared_up)
-        del das
+             a_kmajor=True, b_kmajor=False, out=None, ldc=Is, epilogue="swiglu_backward",
+             swiglu=SwigluBackward(gate=ctx.shared_gate, up=ctx.shared_up, dg=dgs, du=dus))
         d_wsg, d_wsu = cp.empty((Is, H), bfloat16), cp.empty((Is, H), bfloat16)
         d_wsd = cp.empty((H, Is), bfloat16)
         gemm(m=H, n=Is, segments=[Segment(dy, H, ctx.shared_act, Is, k=T)], a_kmajor=False,
