@@ -11,7 +11,7 @@ extern "C" __global__ void swiglu_forward(const bf16_t* __restrict__ g, const bf
   }
 }
 
-// One block per row r of width I: da = w[r] * da_unweighted; dg = bf16(da u silu'(g)),
+// One block per row r of width I: da = w * da_unweighted (w = weights[row_index[r]]); dg = bf16(da u silu'(g)),
 // du = bf16(da silu(g)). Routed experts also get dw[r] = <da_unweighted, a> and aw = bf16(w a)
 // (the down projection's weight-gradient operand); the shared expert passes null for those and
 // for the weights (w = 1).
@@ -20,11 +20,11 @@ constexpr int kRowThreads = 256;
 extern "C" __global__ void __launch_bounds__(kRowThreads)
 swiglu_backward(const float* __restrict__ da_unweighted, const bf16_t* __restrict__ g,
                 const bf16_t* __restrict__ u, const bf16_t* __restrict__ a,
-                const float* __restrict__ row_weights, int rows, int I, bf16_t* __restrict__ dg, bf16_t* __restrict__ du,
+                const float* __restrict__ weights, const int* __restrict__ row_index, int rows, int I, bf16_t* __restrict__ dg, bf16_t* __restrict__ du,
                 float* __restrict__ dw, bf16_t* __restrict__ aw) {
   __shared__ float partial[kRowThreads];
   const int r = blockIdx.x;
-  const float w = row_weights ? row_weights[r] : 1.f;
+  const float w = weights ? weights[row_index ? row_index[r] : r] : 1.f;
   const i64 base = (i64)r * I;
   float dot = 0.f;
   for (int i = threadIdx.x; i < I; i += kRowThreads) {

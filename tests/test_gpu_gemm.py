@@ -207,7 +207,11 @@ def test_swiglu_backward_epilogue(n, k, routed, engine):
     dw = cp.empty(M, cp.float32)
     sw = SwigluBackward(gate=cp.asarray(g), up=cp.asarray(u), dg=outs[0], du=outs[1])
     if routed:
-        sw.act, sw.row_weight, sw.aw, sw.dw = cp.asarray(a), cp.asarray(w), outs[2], dw
+        perm = rng.permutation(M).astype(np.int32)  # weights come through a row index
+        w_mem = np.empty(M, np.float32)
+        w_mem[perm] = w
+        sw.act, sw.weights, sw.row_index = cp.asarray(a), cp.asarray(w_mem), cp.asarray(perm)
+        sw.aw, sw.dw = outs[2], dw
     _run(engine, m=M, n=n, segments=[Segment(cp.asarray(dy), k, cp.asarray(W), n, k=k,
                                              b_group_stride=k * n)],
          a_kmajor=True, b_kmajor=False, out=None, ldc=n, epilogue="swiglu_backward", swiglu=sw,

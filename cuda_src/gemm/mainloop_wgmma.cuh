@@ -177,29 +177,6 @@ __device__ __forceinline__ void mask_lines(u8* stage, int valid, int tid) {
   named_barrier(1, 128 * CONSUMER_WARPGROUPS);
 }
 
-// SwiGLU backward of two adjacent elements from the unweighted output gradient da' (the tile's
-// accumulators): da = w da'; dg = bf16(da u silu'(g)), du = bf16(da silu(g)), aw = bf16(w a);
-// returns their share of the row's <da', a>. The same fp32 operations as cuda_src/swiglu.cu.
-__device__ __forceinline__ float swiglu_backward_pair(const GemmParams& p, i64 at, float w, float d0, float d1) {
-  const u32 g2 = *(const u32*)((const bf16_t*)p.e_gate + at), u2 = *(const u32*)((const bf16_t*)p.e_up + at);
-  float dg[2], du[2], gv[2] = {bf16_to_f32(g2 & 0xffff), bf16_to_f32(g2 >> 16)},
-        uv[2] = {bf16_to_f32(u2 & 0xffff), bf16_to_f32(u2 >> 16)}, dap[2] = {d0, d1};
-  #pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    const float s = sigmoid_f32(gv[e]);
-    const float da = w * dap[e];
-    dg[e] = da * uv[e] * (s * (1.f + gv[e] * (1.f - s)));
-    du[e] = da * (gv[e] * s);
-  }
-  *(u32*)((bf16_t*)p.e_dg + at) = pack_bf16x2(dg[0], dg[1]);
-  *(u32*)((bf16_t*)p.e_du + at) = pack_bf16x2(du[0], du[1]);
-  if (!p.e_aw) return 0.f;
-  const u32 a2 = *(const u32*)((const bf16_t*)p.e_act + at);
-  const float a0 = bf16_to_f32(a2 & 0xffff), a1 = bf16_to_f32(a2 >> 16);
-  *(u32*)((bf16_t*)p.e_aw + at) = pack_bf16x2(w * a0, w * a1);
-  return d0 * a0 + d1 * a1;
-}
-
 // Accumulator fragment of wgmma m64nN: warp w of the warpgroup owns rows 16w..16w+15; for each
 // 8-column block j, d[4j + 2h + e] is row 16w + lane / 4 + 8h, column 8j + 2 (lane % 4) + e.
 template <class Cfg>
@@ -208,12 +185,6 @@ __device__ __forceinline__ void store_tile_direct(const GemmParams& p, const Til
   const i64 c_off = Cfg::GROUPING == kKGrouped ? (i64)tc.group * p.c_group_stride : 0;
   const int row0 = tc.m0 + 64 * wg + 16 * warp + lane / 4;
   const int col0 = tc.n0 + 2 * (lane % 4);
-  float w[2] = {1.f, 1.f}, dot[2] = {0.f, 0.f};
-  if constexpr (Cfg::EPILOGUE == kSwigluBackward) {
-    #pragma unroll
-    for (int h = 0; h < 2; ++h)
-      if (p.e_row_weight && row0 + 8 * h < tc.m_hi) w[h] = p.e_row_weight[row0 + 8 * h];
-  }
   #pragma unroll
   for (int j = 0; j < Cfg::BN / 8; ++j) {
     const int col = col0 + 8 * j;
@@ -224,9 +195,7 @@ __device__ __forceinline__ void store_tile_direct(const GemmParams& p, const Til
       if (row >= tc.m_hi) continue;
       const float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
       const i64 at = c_off + (i64)row * p.ldc + col;
-      if constexpr (Cfg::EPILOGUE == kSwigluBackward) {
-        dot[h] += swiglu_backward_pair(p, at, w[h], v0, v1);
-      } else if constexpr (Cfg::EPILOGUE == kStoreBf16) {
+      if constexpr (Cfg::EPILOGUE == kStoreBf16) {
         *(u32*)((bf16_t*)p.c + at) = pack_bf16x2(v0, v1);
       } else if constexpr (Cfg::EPILOGUE == kStoreF32) {
         *(float2*)((float*)p.c + at) = make_float2(v0, v1);
@@ -237,17 +206,74 @@ __device__ __forceinline__ void store_tile_direct(const GemmParams& p, const Til
       }
     }
   }
-  if constexpr (Cfg::EPILOGUE == kSwigluBackward) {
-    // The row's <da', a> over this tile's columns: the quad's four lanes, then one partial per
-    // (row, column tile); the caller sums the partials in a fixed order.
+}
+
+// SwiGLU backward from the unweighted activation gradient da' (the accumulators, never stored):
+// da = w da'; dg = bf16(da u silu'(g)), du = bf16(da silu(g)); routed experts (e_aw set) also
+// get aw = bf16(w a) and one partial of <da', a> per (row, column tile), summed by the caller in a
+// fixed order. The same fp32 operations as cuda_src/swiglu.cu. Operands are read a batch of
+// column blocks at a time, all loads before any store, so their latencies overlap.
+template <class Cfg>
+__device__ __forceinline__ void swiglu_backward_tile(const GemmParams& p, const Tile& tc,
+                                                     const float (&acc)[Cfg::BN / 2], int wg, int warp, int lane) {
+  constexpr int JB = 8;  // 8-column blocks per batch
+  const int row0 = tc.m0 + 64 * wg + 16 * warp + lane / 4;
+  const int col0 = tc.n0 + 2 * (lane % 4);
+  const bool routed = p.e_aw != nullptr;
+  float w[2], dot[2] = {0.f, 0.f};
+  #pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = row0 + 8 * h;
+    w[h] = p.e_row_weight && row < tc.m_hi ? p.e_row_weight[p.e_row_index ? p.e_row_index[row] : row] : 1.f;
+  }
+  #pragma unroll
+  for (int jb = 0; jb < Cfg::BN / 8; jb += JB) {
+    u32 g2[JB][2], u2[JB][2], a2[JB][2];
     #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      dot[h] += __shfl_xor_sync(0xffffffffu, dot[h], 1);
-      dot[h] += __shfl_xor_sync(0xffffffffu, dot[h], 2);
-      const int row = row0 + 8 * h;
-      if (p.e_row_partial && lane % 4 == 0 && row < tc.m_hi)
-        p.e_row_partial[(i64)row * p.e_partial_ld + tc.n0 / Cfg::BN] = dot[h];
-    }
+    for (int j = 0; j < JB; ++j)
+      #pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = row0 + 8 * h, col = col0 + 8 * (jb + j);
+        const bool ok = row < tc.m_hi && col < p.n;
+        const i64 at = (i64)row * p.ldc + col;
+        g2[j][h] = ok ? __ldg((const unsigned int*)((const bf16_t*)p.e_gate + at)) : 0u;
+        u2[j][h] = ok ? __ldg((const unsigned int*)((const bf16_t*)p.e_up + at)) : 0u;
+        a2[j][h] = ok && routed ? __ldg((const unsigned int*)((const bf16_t*)p.e_act + at)) : 0u;
+      }
+    #pragma unroll
+    for (int j = 0; j < JB; ++j)
+      #pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = row0 + 8 * h, col = col0 + 8 * (jb + j);
+        if (row >= tc.m_hi || col >= p.n) continue;
+        const i64 at = (i64)row * p.ldc + col;
+        const float d[2] = {acc[4 * (jb + j) + 2 * h], acc[4 * (jb + j) + 2 * h + 1]};
+        const u32 gb[2] = {g2[j][h] & 0xffff, g2[j][h] >> 16}, ub[2] = {u2[j][h] & 0xffff, u2[j][h] >> 16};
+        float dg[2], du[2];
+        #pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float gv = bf16_to_f32(gb[e]), uv = bf16_to_f32(ub[e]);
+          const float sg = sigmoid_f32(gv);
+          const float da = w[h] * d[e];
+          dg[e] = da * uv * (sg * (1.f + gv * (1.f - sg)));
+          du[e] = da * (gv * sg);
+        }
+        *(u32*)((bf16_t*)p.e_dg + at) = pack_bf16x2(dg[0], dg[1]);
+        *(u32*)((bf16_t*)p.e_du + at) = pack_bf16x2(du[0], du[1]);
+        if (routed) {
+          const float a0 = bf16_to_f32(a2[j][h] & 0xffff), a1 = bf16_to_f32(a2[j][h] >> 16);
+          *(u32*)((bf16_t*)p.e_aw + at) = pack_bf16x2(w[h] * a0, w[h] * a1);
+          dot[h] += d[0] * a0 + d[1] * a1;
+        }
+      }
+  }
+  if (!p.e_row_partial) return;
+  #pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    dot[h] += __shfl_xor_sync(0xffffffffu, dot[h], 1);
+    dot[h] += __shfl_xor_sync(0xffffffffu, dot[h], 2);
+    const int row = row0 + 8 * h;
+    if (lane % 4 == 0 && row < tc.m_hi) p.e_row_partial[(i64)row * p.e_partial_ld + tc.n0 / Cfg::BN] = dot[h];
   }
 }
 
@@ -330,7 +356,9 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const TileSche
     wgmma_wait<0>();
     fence_operands(acc);
     if (prev >= 0) release(prev);
-    if (Plan<Cfg>::TMA_STORE && (Cfg::GROUPING != kMGrouped || tc.m0 + 64 * (wg + 1) <= tc.m_hi))
+    if constexpr (Cfg::EPILOGUE == kSwigluBackward)
+      swiglu_backward_tile<Cfg>(P.base, tc, acc, wg, warp, lane);
+    else if (Plan<Cfg>::TMA_STORE && (Cfg::GROUPING != kMGrouped || tc.m0 + 64 * (wg + 1) <= tc.m_hi))
       store_tile_tma<Cfg>(P, tc, acc, smem + L::STAGING + wg * L::STAGING_BYTES, wg, tid);
     else
       store_tile_direct<Cfg>(P.base, tc, acc, wg, warp, lane);

@@ -27,18 +27,18 @@ def swiglu_forward(gate, up):
     return a
 
 
-def swiglu_backward(da_unweighted, gate, up, act=None, row_weights=None, out=None):
+def swiglu_backward(da_unweighted, gate, up, act=None, weights=None, row_index=None, out=None):
     """(dg, du, dw, aw) from the unweighted activation gradient; dw = <da', a> per row and
-    aw = bf16(w a) only for routed experts (row_weights given), else None. out: the four arrays
-    to write (None entries where not wanted) instead of new ones."""
+    aw = bf16(w a) only for routed experts (weights given; w of row r = weights[row_index[r]]),
+    else None. out: the four arrays to write (None entries where not wanted) instead of new ones."""
     rows, width = gate.shape
-    routed = row_weights is not None
+    routed = weights is not None
     if out is None:
         out = (cp.empty_like(gate), cp.empty_like(gate),
                cp.empty(rows, cp.float32) if routed else None, cp.empty_like(gate) if routed else None)
     dg, du, dw, aw = out
     _launch.launch(_build.load_module("swiglu.cu"), "swiglu_backward", (rows,), (256,),
-                   [ptr(da_unweighted), ptr(gate), ptr(up), ptr(act), ptr(row_weights),
+                   [ptr(da_unweighted), ptr(gate), ptr(up), ptr(act), ptr(weights), ptr(row_index),
                     i32(rows), i32(width), ptr(dg), ptr(du), ptr(dw), ptr(aw)])
     return dg, du, dw, aw
 

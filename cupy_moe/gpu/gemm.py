@@ -37,12 +37,13 @@ class GemmParams(ctypes.Structure):
         ("gather_a", ctypes.c_void_p), ("gather_b", ctypes.c_void_p), ("gather_div", ctypes.c_int32),
         # The SwiGLU-backward epilogue's operands (rows and leading dimension of C).
         ("e_gate", ctypes.c_void_p), ("e_up", ctypes.c_void_p), ("e_act", ctypes.c_void_p),
-        ("e_row_weight", ctypes.c_void_p), ("e_dg", ctypes.c_void_p), ("e_du", ctypes.c_void_p),
+        ("e_row_weight", ctypes.c_void_p), ("e_row_index", ctypes.c_void_p),
+        ("e_dg", ctypes.c_void_p), ("e_du", ctypes.c_void_p),
         ("e_aw", ctypes.c_void_p), ("e_row_partial", ctypes.c_void_p), ("e_partial_ld", ctypes.c_int32),
     ]
     _c_types_ = ["const void*", "const void*", "i64", "i64", "i64", "int", "int", "void*", "i64",
                  "i64", "int", "int", "const int*", "int", "const int*", "const int*", "int",
-                 "const void*", "const void*", "const void*", "const float*", "void*", "void*",
+                 "const void*", "const void*", "const void*", "const float*", "const int*", "void*", "void*",
                  "void*", "float*", "int"]
 
 
@@ -171,15 +172,17 @@ class Segment:
 @dataclass
 class SwigluBackward:
     """Operands of the SwiGLU-backward epilogue: C (the unweighted gradient da' of the activation,
-    never stored) -> dg, du (bf16, like gate), and for routed experts (row_weight given) aw =
-    bf16(w a) and dw[row] = <da', a>. Every array shares C's rows and leading dimension."""
+    never stored) -> dg, du (bf16, like gate), and for routed experts (weights given) aw =
+    bf16(w a) and dw[row] = <da', a>, where w of row r is weights[row_index[r]] (or weights[r]).
+    Every [rows, n] array shares C's leading dimension."""
 
     gate: object
     up: object
     dg: object
     du: object
     act: object = None
-    row_weight: object = None
+    weights: object = None
+    row_index: object = None
     aw: object = None
     dw: object = None
 
@@ -226,8 +229,8 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     if epilogue == "swiglu_backward":
         sw = swiglu
         p.e_gate, p.e_up, p.e_dg, p.e_du = (_addr(a) for a in (sw.gate, sw.up, sw.dg, sw.du))
-        p.e_act, p.e_row_weight, p.e_aw = (0 if a is None else _addr(a)
-                                           for a in (sw.act, sw.row_weight, sw.aw))
+        p.e_act, p.e_row_weight, p.e_row_index, p.e_aw = (
+            0 if a is None else _addr(a) for a in (sw.act, sw.weights, sw.row_index, sw.aw))
     flags = dict(A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor, GATHER_A=gather_a is not None,
                  GATHER_B=gather_b is not None, GROUPING=GROUPINGS[grouping],
                  EPILOGUE=EPILOGUES[epilogue])
@@ -252,7 +255,8 @@ def _swiglu_backward_unfused(p, segments, m, n, grouping, num_groups, flags, sw)
     da = cupy.empty((m, n), cupy.float32)
     p.c, p.ldc = da.data.ptr, n
     _launch_mma(p, segments, m, n, grouping, num_groups, dict(flags, EPILOGUE=EPILOGUES["f32"]))
-    swiglu_backward(da, sw.gate, sw.up, sw.act, sw.row_weight, out=(sw.dg, sw.du, sw.dw, sw.aw))
+    swiglu_backward(da, sw.gate, sw.up, sw.act, sw.weights, sw.row_index,
+                    out=(sw.dg, sw.du, sw.dw, sw.aw))
 
 
 def _sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stride, copy_a, copy_b):

@@ -76,14 +76,14 @@ def backward(dy, ctx: MoEContext) -> MoEGradients:
     x_sorted = elementwise.gather_rows(x, slots, K)
     # Routed experts: da' = dy Wd per expert, never stored: the GEMM's epilogue turns it into
     # dg, du, aw = bf16(w a) and dw = <da', a> per row (the SwiGLU backward).
-    w_sorted = ctx.topk_weights.reshape(-1)[slots]
     dg, du, aw = (cp.empty((N, I), bfloat16) for _ in range(3))
     dw_sorted = cp.empty(N, cp.float32)
     gemm(m=N, n=I, segments=[Segment(dy_sorted, H, ctx.expert_down_weight, I, k=H,
                                      b_group_stride=H * I)],
          a_kmajor=True, b_kmajor=False, out=None, ldc=I, epilogue="swiglu_backward",
          swiglu=SwigluBackward(gate=ctx.gate, up=ctx.up, dg=dg, du=du, act=ctx.act,
-                               row_weight=w_sorted, aw=aw, dw=dw_sorted), **m_grouped)
+                               weights=ctx.topk_weights, row_index=slots, aw=aw, dw=dw_sorted),
+         **m_grouped)
     # Weight gradients: each expert reduces over its own token rows (empty experts write zeros).
     d_down_w = cp.empty((E, H, I), bfloat16)
     gemm(m=H, n=I, segments=[Segment(dy_sorted, H, aw, I, k=N)], a_kmajor=False, b_kmajor=False,
