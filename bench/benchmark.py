@@ -315,6 +315,63 @@ def layer_cupy_peer(dy, ctx):
     return dx.astype(bfloat16), dWr, dWg, dWu, dWd, dWsg, dWsu, dWsd
 
 
+def layer_torch_peer(dy, ctx):
+    """The same backward with torch._grouped_mm for the routed experts (the anchor's peer), built
+    on zero-copy views of our arrays; returns a no-argument callable, or None without PyTorch."""
+    try:
+        import torch
+        gmm = torch._grouped_mm
+    except Exception:
+        return None
+    t = lambda a: torch.from_dlpack(a)
+    cfg = ctx.config
+    K, r_ = cfg.num_experts_per_tok, cfg.routed_scaling_factor
+    x, dyt = t(ctx.hidden_states), t(dy)
+    T, H = x.shape
+    slots = t(ctx.sorted_slots).long()
+    tok = slots // K
+    offs = t(ctx.expert_offsets[1:])
+    slot_rows = t(ctx.slot_rows).long()
+    tw, scores, idx = t(ctx.topk_weights), t(ctx.scores), t(ctx.topk_indices)
+    Wd, Wg, Wu, Wr = (t(a) for a in (ctx.expert_down_weight, ctx.expert_gate_weight,
+                                     ctx.expert_up_weight, ctx.router_weight))
+    Wsg, Wsu, Wsd = (t(a) for a in (ctx.shared_expert_gate_weight, ctx.shared_expert_up_weight,
+                                    ctx.shared_expert_down_weight))
+    gate, up, act = t(ctx.gate).float(), t(ctx.up).float(), t(ctx.act).float()
+    sg, su, sa = t(ctx.shared_gate).float(), t(ctx.shared_up).float(), t(ctx.shared_act)
+
+    def run():
+        w_rows = tw.reshape(-1)[slots][:, None]
+        dys, xs = dyt[tok], x[tok]
+        dap = gmm(dys, Wd, offs=offs).float()
+        dw_sorted = (dap * act).sum(1)
+        da = w_rows * dap
+        s = torch.sigmoid(gate)
+        dg = (da * up * s * (1 + gate * (1 - s))).bfloat16()
+        du = (da * gate * s).bfloat16()
+        aw = (w_rows * act).bfloat16()
+        dWd = gmm(dys.t(), aw, offs=offs)
+        dWg, dWu = gmm(dg.t(), xs, offs=offs), gmm(du.t(), xs, offs=offs)
+        dx_sorted = gmm(dg, Wg, offs=offs).float() + gmm(du, Wu, offs=offs).float()
+        dw = dw_sorted[slot_rows].reshape(T, K)
+        s_sel = torch.gather(scores, 1, idx)
+        D = s_sel.sum(1, keepdim=True) + 1e-20
+        ds = (r_ / D) * (dw - (dw * tw).sum(1, keepdim=True) / r_)
+        dS = torch.zeros_like(scores).scatter_(1, idx, ds)
+        dl = dS * scores * (1 - scores)
+        dWr = dl.t() @ x.float()
+        dx = dx_sorted[slot_rows].reshape(T, K, H).sum(1) + dl @ Wr.float()
+        das = (dyt @ Wsd).float()
+        s = torch.sigmoid(sg)
+        dgs = (das * su * s * (1 + sg * (1 - s))).bfloat16()
+        dus = (das * sg * s).bfloat16()
+        dWsd, dWsg, dWsu = dyt.t() @ sa, dgs.t() @ x, dus.t() @ x
+        dx += (dgs @ Wsg + dus @ Wsu).float()
+        return dx.bfloat16(), dWr, dWg, dWu, dWd, dWsg, dWsu, dWsd
+
+    return run
+
+
 def layer_table(reps, Ts):
     import cupy as cp
 
@@ -325,7 +382,8 @@ def layer_table(reps, Ts):
     cfg = cupy_moe.MoEConfig.glm45_air()
     H, I, E = cfg.hidden_size, cfg.moe_intermediate_size, cfg.n_routed_experts
     print(f"\nFull GLM-4.5-Air layer backward; ms, median of {reps}, L2 flushed")
-    print(f"{'T':>6} {'ours':>8} {'cupy':>8} {'x cupy':>7} {'TFLOP/s':>8} {'%789':>6} relerr(dx, dWg)")
+    print(f"{'T':>6} {'ours':>8} {'cupy':>8} {'torch':>8} {'x cupy':>7} {'x torch':>7} {'TFLOP/s':>8} "
+          f"{'%789':>6} relerr(dx, dWg) vs cupy / torch")
     args = make_moe_inputs(cfg, max(Ts), seed=0, xp=cp)
     dy_all = make_moe_inputs(cfg, max(Ts), seed=1, xp=cp)["hidden_states"]
     for T in Ts:
@@ -337,9 +395,21 @@ def layer_table(reps, Ts):
         err = (relative_error(g.hidden_states, p[0]), relative_error(g.expert_gate_weight, p[2]))
         t_ours = measure(lambda: cupy_moe.moe_backward(dy, ctx), warmup=2) / 1e3
         t_cupy = measure(lambda: layer_cupy_peer(dy, ctx), warmup=1) / 1e3
+        t_torch, terr = float("nan"), (float("nan"),) * 2
+        try:
+            run = layer_torch_peer(dy, ctx)
+            if run is not None:
+                q = run()
+                terr = (relative_error(g.hidden_states, cp.from_dlpack(q[0])),
+                        relative_error(g.expert_gate_weight, cp.from_dlpack(q[2])))
+                t_torch = measure(run, warmup=1) / 1e3
+        except Exception as exc:  # pragma: no cover - depends on the torch build
+            print(f"  torch peer unavailable: {type(exc).__name__}: {exc}")
         flops = T * (108 * H * I + 4 * H * E)
-        print(f"{T:>6} {t_ours:8.2f} {t_cupy:8.2f} {t_cupy / t_ours:7.2f} {flops / t_ours / 1e9:8.1f} "
-              f"{100 * flops / t_ours / 1e9 / 789:5.1f}% {err[0]:.1e}, {err[1]:.1e}")
+        print(f"{T:>6} {t_ours:8.2f} {t_cupy:8.2f} {t_torch:8.2f} {t_cupy / t_ours:7.2f} "
+              f"{t_torch / t_ours:7.2f} {flops / t_ours / 1e9:8.1f} "
+              f"{100 * flops / t_ours / 1e9 / 789:5.1f}% {err[0]:.1e}, {err[1]:.1e} / "
+              f"{terr[0]:.1e}, {terr[1]:.1e}")
         del out, ctx, g, p
 
 
