@@ -1,18 +1,20 @@
 // The SOL-080 contract's own elementwise and router stages (sol080.md steps 3-4 and 7-10).
 #include "common/types.cuh"
 
-// t = bf16(d_act * up); d_up = bf16(d_act * bf16(silu(gate))); d_gate = bf16(t * sig * (1 + gate (1 - sig)))
+// t = bf16(d_act * up); d_up = bf16(d_act * bf16(silu(gate))); d_gate = bf16(t * sig * (1 + gate (1 - sig))).
+// Inputs are [T, I]; row t of the output is [d_gate(t) | d_up(t)] ([T, 2I]), so that one GEMM
+// gives both weight gradients and the dgrad reads both halves as two K segments.
 extern "C" __global__ void sol080_swiglu_backward(const bf16_t* __restrict__ d_act,
                                                   const bf16_t* __restrict__ gate,
                                                   const bf16_t* __restrict__ up,
-                                                  bf16_t* __restrict__ d_gate, bf16_t* __restrict__ d_up,
-                                                  i64 n) {
+                                                  bf16_t* __restrict__ d_gate_up, int I, i64 n) {
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
     const float da = bf16_to_f32(d_act[i]), gv = bf16_to_f32(gate[i]), uv = bf16_to_f32(up[i]);
     const float t = round_bf16(da * uv);
     const float sig = sigmoid_f32(gv);
-    d_up[i] = f32_to_bf16(da * round_bf16(gv * sig));
-    d_gate[i] = f32_to_bf16(t * sig * (1.f + gv * (1.f - sig)));
+    const i64 row = i / I, out = row * 2 * I + (i - row * I);
+    d_gate_up[out + I] = f32_to_bf16(da * round_bf16(gv * sig));
+    d_gate_up[out] = f32_to_bf16(t * sig * (1.f + gv * (1.f - sig)));
   }
 }
 

@@ -9,6 +9,7 @@ import ctypes
 
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 _smem_set = {}
+_functions = {}  # (module, name) -> CUfunction handle
 
 
 def ptr(a) -> ctypes.c_void_p:
@@ -52,12 +53,15 @@ def launch(module, name: str, grid, block, args, shared_mem: int = 0) -> None:
     block = tuple(int(b) for b in block) + (1,) * (3 - len(block))
     if min(grid) <= 0:
         return
-    fn = module.get_function(name)
-    fn = getattr(fn, "kernel", fn)  # RawModule hands out RawKernel; its .kernel is the CUfunction
-    if shared_mem > 48 * 1024 and _smem_set.get(fn.ptr, 0) < shared_mem:
-        driver.funcSetAttribute(fn.ptr, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_mem)
-        _smem_set[fn.ptr] = shared_mem
+    key = (id(module), name)
+    fn = _functions.get(key)
+    if fn is None:  # modules live as long as the process (_build caches them), so ids stay valid
+        f = module.get_function(name)
+        fn = _functions[key] = getattr(f, "kernel", f).ptr  # RawKernel's .kernel is the CUfunction
+    if shared_mem > 48 * 1024 and _smem_set.get(fn, 0) < shared_mem:
+        driver.funcSetAttribute(fn, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_mem)
+        _smem_set[fn] = shared_mem
     params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
     stream = cupy.cuda.get_current_stream().ptr
-    driver.launchKernel(fn.ptr, grid[0], grid[1], grid[2], block[0], block[1], block[2],
+    driver.launchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2],
                         int(shared_mem), stream, ctypes.addressof(params), 0)

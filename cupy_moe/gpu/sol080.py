@@ -1,4 +1,4 @@
-"""SOL-080 backward on the GPU (sol080.md): 8 launches over the shared GEMM engine.
+"""SOL-080 backward on the GPU (sol080.md): 7 launches over the shared GEMM engine.
 
 The contract's three dgrad products (d_up Wu, d_gate Wg, bf16(grl) Wr) run as one GEMM over the
 concatenated reduction, accumulated in fp32 and rounded once (within the pass rule; the contract
@@ -18,17 +18,18 @@ def sol080_backward(g, x, wr, bias, logits, scores, idx, tw, mask, wg, wu, wd, g
     T, H = x.shape
     I, E, K = gate.shape[1], wr.shape[0], idx.shape[1]
     mod = _build.load_module("sol080.cu")
-    grad_wg, grad_wu = cp.empty((I, H), bfloat16), cp.empty((I, H), bfloat16)
+    grad_wgu = cp.empty((2 * I, H), bfloat16)  # [grad_Wg; grad_Wu]: one GEMM, two contiguous halves
     grad_wd = cp.empty((H, I), bfloat16)
     grad_router = cp.empty((E, H), cp.float32)
     grad_h = cp.empty((T, H), bfloat16)
     d_act = cp.empty((T, I), bfloat16)
     gemm(m=T, n=I, segments=[Segment(g, H, wd, I, k=H)], a_kmajor=True, b_kmajor=False,
          out=d_act, ldc=I)
-    d_gate, d_up = cp.empty((T, I), bfloat16), cp.empty((T, I), bfloat16)
+    d_gu = cp.empty((T, 2 * I), bfloat16)  # row t = [d_gate(t) | d_up(t)]
     n = T * I
     _launch.launch(mod, "sol080_swiglu_backward", (grid_stride_blocks(n),), (256,),
-                   [ptr(d_act), ptr(gate), ptr(up), ptr(d_gate), ptr(d_up), i64(n)])
+                   [ptr(d_act), ptr(gate), ptr(up), ptr(d_gu), i32(I), i64(n)])
+    d_up = d_gu.data.ptr + 2 * I  # the second half of every row
     hi, lo = cp.empty((T, E), bfloat16), cp.empty((T, E), bfloat16)
     _launch.launch(mod, "sol080_router", (T,), (256,),
                    [ptr(g), ptr(tw), ptr(idx), ptr(mask), ptr(scores), i32(T), i32(H), i32(E),
@@ -36,12 +37,11 @@ def sol080_backward(g, x, wr, bias, logits, scores, idx, tw, mask, wg, wu, wd, g
 
     gemm(m=H, n=I, segments=[Segment(g, H, act, I, k=T)], a_kmajor=False, b_kmajor=False,
          out=grad_wd, ldc=I)
-    for d, out in ((d_gate, grad_wg), (d_up, grad_wu)):
-        gemm(m=I, n=H, segments=[Segment(d, I, x, H, k=T)], a_kmajor=False, b_kmajor=False,
-             out=out, ldc=H)
+    gemm(m=2 * I, n=H, segments=[Segment(d_gu, 2 * I, x, H, k=T)], a_kmajor=False, b_kmajor=False,
+         out=grad_wgu, ldc=H)
     gemm(m=E, n=H, segments=[Segment(hi, E, x, H, k=T), Segment(lo, E, x, H, k=T)],
          a_kmajor=False, b_kmajor=False, out=grad_router, ldc=H, epilogue="f32")
-    gemm(m=T, n=H, segments=[Segment(d_up, I, wu, H, k=I), Segment(d_gate, I, wg, H, k=I),
+    gemm(m=T, n=H, segments=[Segment(d_up, 2 * I, wu, H, k=I), Segment(d_gu, 2 * I, wg, H, k=I),
                              Segment(hi, E, wr, H, k=E)],
          a_kmajor=True, b_kmajor=False, out=grad_h, ldc=H)
-    return grad_h, grad_router, grad_wg, grad_wu, grad_wd
+    return grad_h, grad_router, grad_wgu[:I], grad_wgu[I:], grad_wd

@@ -35,10 +35,25 @@ def _encode_tiled():
     return fn
 
 
+_encoded = {}  # (address, dims, strides, box) -> encoded bytes: repeated calls skip the driver
+
+
 def encode_bf16(desc, address: int, dims, strides, box) -> None:
     """Fill `desc` (a TmaDesc) for a bf16 tensor at `address`: dims innermost first (elements),
     strides of dims[1:] in elements (multiples of 8), box extents in elements (<= 256; the
     innermost 64 = one 128-byte swizzle row)."""
+    key = (address, tuple(dims), tuple(strides), tuple(box))
+    cached = _encoded.get(key)
+    if cached is not None:
+        ctypes.memmove(ctypes.addressof(desc), cached, ctypes.sizeof(TmaDesc))
+        return
+    _encode(desc, address, dims, strides, box)
+    if len(_encoded) > 4096:
+        _encoded.clear()
+    _encoded[key] = bytes(desc)
+
+
+def _encode(desc, address, dims, strides, box) -> None:
     rank = len(dims)
     d = (ctypes.c_uint64 * rank)(*dims)
     s = (ctypes.c_uint64 * (rank - 1))(*(2 * int(x) for x in strides))
