@@ -2,8 +2,10 @@
 central finite differences, and the GPU path against the NumPy path."""
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+
+pytest.importorskip("hypothesis", reason="the property tests need hypothesis (the test extra)")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 import cupy_moe
 from cupy_moe import MoEConfig
