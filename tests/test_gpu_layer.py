@@ -65,6 +65,11 @@ def _check(cfg, T, routing, seed=0, tol=1e-2):
             continue
         got = got.get()
         assert got.dtype == want.dtype and got.shape == want.shape, f
+        if f == "router_weight" and cfg.num_experts_per_tok == 1 and cfg.norm_topk_prob:
+            # One normalized weight is identically the scaling factor: the exact gradient is 0 and
+            # both sides hold rounding noise, so a relative error means nothing; bound the noise.
+            assert np.abs(got).max() < 1e-4, (f, np.abs(got).max())
+            continue
         assert relative_error(got, want) < tol, (f, relative_error(got, want))
     empty = hctx.tokens_per_expert == 0
     for f in ("expert_gate_weight", "expert_up_weight", "expert_down_weight"):
