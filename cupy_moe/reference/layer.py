@@ -37,6 +37,62 @@ def _swiglu_backward(P: Precision, da, g, u):
     return P.store(da * u * dsilu), P.store(da * silu)
 
 
+def experts_forward(P: Precision, rows_x, offsets, expert_gate_weight, expert_up_weight,
+                    expert_down_weight):
+    """Routed experts on rows grouped by expert (expert e owns rows offsets[e]:offsets[e+1]):
+    (gate, up, act, y) per row, in the accumulation dtype, stored values where the GPU stores."""
+    n, H = rows_x.shape
+    I = expert_gate_weight.shape[1]
+    gate, up, act = (np.zeros((n, I), P.acc) for _ in range(3))
+    y = np.zeros((n, H), P.acc)
+    for e in range(len(offsets) - 1):
+        if offsets[e] == offsets[e + 1]:
+            continue
+        rows = slice(offsets[e], offsets[e + 1])
+        gate[rows], up[rows], act[rows] = _swiglu_forward(
+            P, rows_x[rows], expert_gate_weight[e], expert_up_weight[e])
+        y[rows] = P.store(act[rows] @ P.load(expert_down_weight[e]).T)
+    return gate, up, act, y
+
+
+def experts_backward(P: Precision, rows_x, rows_dy, row_weights, gate, up, act, offsets,
+                     expert_gate_weight, expert_up_weight, expert_down_weight):
+    """Backward of experts_forward given dL/dy per row (rows_dy, unweighted: the routing weight
+    of each row is applied here): (dw per row = <da', a>, dx per row, dWg, dWu, dWd)."""
+    n, H = rows_x.shape
+    E, I = expert_gate_weight.shape[:2]
+    w_rows = row_weights.astype(P.acc)[:, None]
+    dw_rows = np.zeros(n, P.acc)
+    dx_rows = np.zeros((n, H), P.acc)
+    d_gate_w = np.zeros((E, I, H), P.storage)
+    d_up_w = np.zeros((E, I, H), P.storage)
+    d_down_w = np.zeros((E, H, I), P.storage)
+    for e in range(E):
+        if offsets[e] == offsets[e + 1]:
+            continue  # an expert without tokens has exactly zero weight gradients
+        rows = slice(offsets[e], offsets[e + 1])
+        xs, dys, ws = rows_x[rows], rows_dy[rows], w_rows[rows]
+        g, u, a = P.load(gate[rows]), P.load(up[rows]), P.load(act[rows])
+        wg, wu = P.load(expert_gate_weight[e]), P.load(expert_up_weight[e])
+        da_unweighted = dys @ P.load(expert_down_weight[e])
+        dw_rows[rows] = (da_unweighted * a).sum(axis=1)
+        dg, du = _swiglu_backward(P, ws * da_unweighted, g, u)
+        d_down_w[e] = P.out(P.store(dys.T @ P.store(ws * a)))
+        d_gate_w[e] = P.out(P.store(dg.T @ xs))
+        d_up_w[e] = P.out(P.store(du.T @ xs))
+        dx_rows[rows] = P.store(dg @ wg + du @ wu)
+    return dw_rows, dx_rows, d_gate_w, d_up_w, d_down_w
+
+
+def combine(P: Precision, y_sorted, slots, w, y_shared):
+    """out = sum_k w_k y(slot) (+ y_shared), accumulated in the accumulation dtype."""
+    T, K = w.shape
+    y_slot = np.empty_like(y_sorted)
+    y_slot[slots] = y_sorted
+    y = (w.reshape(T, K, 1) * y_slot.reshape(T, K, y_sorted.shape[1])).sum(axis=1)
+    return y if y_shared is None else y + y_shared
+
+
 def _inverse(perm: np.ndarray) -> np.ndarray:
     inv = np.empty_like(perm)
     inv[perm] = np.arange(perm.size, dtype=perm.dtype)
@@ -60,28 +116,17 @@ def forward_routed(hidden_states, router_weight, expert_gate_weight, expert_up_w
     """The layer after routing, given (scores, topk_indices, topk_weights): lets a test feed the
     GPU's own routing decisions, which near-ties in fp32 may resolve differently."""
     P = precision_for(hidden_states.dtype)
-    T, H = hidden_states.shape
-    E, K, I = config.n_routed_experts, config.num_experts_per_tok, config.moe_intermediate_size
+    E, K = config.n_routed_experts, config.num_experts_per_tok
     x = P.load(hidden_states)
     slots, offsets, counts = routing_sort(idx, E)
-    rows_x = x[slots // K]
-    n = T * K
-    gate, up, act = (np.zeros((n, I), P.acc) for _ in range(3))
-    y_sorted = np.zeros((n, H), P.acc)
-    for e in range(E):
-        rows = slice(offsets[e], offsets[e + 1])
-        if offsets[e] == offsets[e + 1]:
-            continue
-        gate[rows], up[rows], act[rows] = _swiglu_forward(
-            P, rows_x[rows], expert_gate_weight[e], expert_up_weight[e])
-        y_sorted[rows] = P.store(act[rows] @ P.load(expert_down_weight[e]).T)
-    y_slot = np.empty_like(y_sorted)
-    y_slot[slots] = y_sorted
-    y = (w.reshape(T, K, 1) * y_slot.reshape(T, K, H)).sum(axis=1)
+    gate, up, act, y_sorted = experts_forward(P, x[slots // K], offsets, expert_gate_weight,
+                                              expert_up_weight, expert_down_weight)
     shared = (None, None, None)
+    y_shared = None
     if config.n_shared_experts:
         shared = _swiglu_forward(P, x, shared_expert_gate_weight, shared_expert_up_weight)
-        y = y + P.store(shared[2] @ P.load(shared_expert_down_weight).T)
+        y_shared = P.store(shared[2] @ P.load(shared_expert_down_weight).T)
+    y = combine(P, y_sorted, slots, w, y_shared)
     out = P.out(P.store(y))
     ctx = MoEContext(
         config=config, hidden_states=hidden_states, router_weight=router_weight,
@@ -99,34 +144,25 @@ def forward_routed(hidden_states, router_weight, expert_gate_weight, expert_up_w
 
 
 def backward(grad_output, ctx: MoEContext) -> MoEGradients:
-    cfg = ctx.config
     P = precision_for(ctx.hidden_states.dtype)
-    T, H = ctx.hidden_states.shape
-    E, K, I = cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size
+    K = ctx.config.num_experts_per_tok
     x, dy = P.load(ctx.hidden_states), P.load(grad_output)
     slots, offsets = ctx.sorted_slots, ctx.expert_offsets
     tok = slots // K
-    w_rows = ctx.topk_weights.reshape(-1)[slots].astype(P.acc)[:, None]
+    dw_sorted, dx_sorted, d_gate_w, d_up_w, d_down_w = experts_backward(
+        P, x[tok], dy[tok], ctx.topk_weights.reshape(-1)[slots], ctx.gate, ctx.up, ctx.act,
+        offsets, ctx.expert_gate_weight, ctx.expert_up_weight, ctx.expert_down_weight)
+    return _backward_tail(P, ctx, x, dy, dx_sorted, dw_sorted, d_gate_w, d_up_w, d_down_w)
+
+
+def _backward_tail(P, ctx, x, dy, dx_sorted, dw_sorted, d_gate_w, d_up_w, d_down_w):
+    """Everything after the routed experts: the combine of their dx, the router and the shared
+    expert (shared by the single-device and the expert-parallel layer)."""
+    cfg = ctx.config
+    T, H = x.shape
+    K = cfg.num_experts_per_tok
     n = T * K
-    dw_sorted = np.zeros(n, P.acc)
-    dx_sorted = np.zeros((n, H), P.acc)
-    d_gate_w = np.zeros((E, I, H), P.storage)
-    d_up_w = np.zeros((E, I, H), P.storage)
-    d_down_w = np.zeros((E, H, I), P.storage)
-    for e in range(E):
-        if offsets[e] == offsets[e + 1]:
-            continue  # an expert without tokens has exactly zero weight gradients
-        rows = slice(offsets[e], offsets[e + 1])
-        xs, dys, ws = x[tok[rows]], dy[tok[rows]], w_rows[rows]
-        g, u, a = P.load(ctx.gate[rows]), P.load(ctx.up[rows]), P.load(ctx.act[rows])
-        wg, wu = P.load(ctx.expert_gate_weight[e]), P.load(ctx.expert_up_weight[e])
-        da_unweighted = dys @ P.load(ctx.expert_down_weight[e])
-        dw_sorted[rows] = (da_unweighted * a).sum(axis=1)
-        dg, du = _swiglu_backward(P, ws * da_unweighted, g, u)
-        d_down_w[e] = P.out(P.store(dys.T @ P.store(ws * a)))
-        d_gate_w[e] = P.out(P.store(dg.T @ xs))
-        d_up_w[e] = P.out(P.store(du.T @ xs))
-        dx_sorted[rows] = P.store(dg @ wg + du @ wu)
+    slots = ctx.sorted_slots
     dx_slot = np.empty_like(dx_sorted)
     dx_slot[slots] = dx_sorted
     dx = dx_slot.reshape(T, K, H).sum(axis=1)
