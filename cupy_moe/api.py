@@ -15,13 +15,19 @@ from .context import MoEContext, MoEGradients
 def moe_forward(hidden_states, router_weight, e_score_correction_bias, expert_gate_weight,
                 expert_up_weight, expert_down_weight, shared_expert_gate_weight=None,
                 shared_expert_up_weight=None, shared_expert_down_weight=None, *,
-                config: MoEConfig):
+                config: MoEConfig, ep_group=None):
     """Forward of one MoE layer: returns (out [T, H], ctx: MoEContext).
 
     hidden_states [T,H] bf16; router_weight [E,H] bf16; e_score_correction_bias [E] fp32 (steers
     selection only); expert_{gate,up}_weight [E,I,H], expert_down_weight [E,H,I] bf16; the shared
     expert's [Is,H], [Is,H], [H,Is] bf16 (None when config.n_shared_experts == 0). On the NumPy
     path all floating arrays may instead be float64 (the reference computes in float64 then).
+
+    ep_group (cupy_moe.parallel): expert parallelism over group.world_size = W ranks. Each rank
+    passes its own tokens and its E / W experts' weights ([E/W, I, H], ...; rank r owns experts
+    r E/W ... (r+1) E/W - 1); router and shared-expert weights are replicated. moe_backward then
+    returns this rank's experts' gradients and this rank's share of the router's and shared
+    expert's (to be all-reduced by the caller). NumPy path only for now.
     """
     args = dict(hidden_states=hidden_states, router_weight=router_weight,
                 e_score_correction_bias=e_score_correction_bias,
@@ -30,7 +36,13 @@ def moe_forward(hidden_states, router_weight, e_score_correction_bias, expert_ga
                 shared_expert_gate_weight=shared_expert_gate_weight,
                 shared_expert_up_weight=shared_expert_up_weight,
                 shared_expert_down_weight=shared_expert_down_weight)
-    xp = validate.moe_forward_args(args, config)
+    xp = validate.moe_forward_args(args, config, ep_group)
+    if ep_group is not None:
+        if xp is not np:
+            raise NotImplementedError("ep_group: expert parallelism runs on the NumPy path only "
+                                      "so far; the CuPy/NCCL path is not implemented yet")
+        from .parallel import layer as ep_layer
+        return ep_layer.forward(*args.values(), config, ep_group)
     if xp is np:
         from .reference import layer
         return layer.forward(*args.values(), config)
@@ -42,6 +54,9 @@ def moe_backward(grad_output, ctx: MoEContext) -> MoEGradients:
     """Backward of moe_forward given dL/d(out) [T,H]: returns MoEGradients (router_weight's in fp32,
     the others in the dtype of what they differentiate)."""
     xp = validate.moe_backward_args(grad_output, ctx)
+    if ctx.expert_parallel is not None:
+        from .parallel import layer as ep_layer
+        return ep_layer.backward(grad_output, ctx)
     if xp is np:
         from .reference import layer
         return layer.backward(grad_output, ctx)

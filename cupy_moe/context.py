@@ -27,6 +27,9 @@ class MoEContext:
     the expert weights.
 
     On the float64 NumPy path every floating array above is float64 instead.
+    Expert parallelism (moe_forward(..., ep_group=...)): the expert weights are this rank's shard,
+    gate/up/act are None here and live, for the rows this rank's experts received, in
+    expert_parallel (cupy_moe.parallel.layer.ExpertParallelState) with the dispatch plan.
     """
 
     config: MoEConfig
@@ -51,6 +54,7 @@ class MoEContext:
     shared_gate: Optional[Any]
     shared_up: Optional[Any]
     shared_act: Optional[Any]
+    expert_parallel: Optional[Any] = None
 
 
 class MoEGradients(NamedTuple):

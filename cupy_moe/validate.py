@@ -103,12 +103,24 @@ MOE_WEIGHTS = ("router_weight", "expert_gate_weight", "expert_up_weight", "exper
                "shared_expert_gate_weight", "shared_expert_up_weight", "shared_expert_down_weight")
 
 
-def moe_forward_args(args: dict, config):
+def moe_forward_args(args: dict, config, ep_group=None):
     """Check moe_forward's arguments (a name -> value dict in signature order); returns xp."""
     from .config import MoEConfig
 
     if not isinstance(config, MoEConfig):
         raise TypeError(f"config: expected a cupy_moe.MoEConfig, got {type(config).__name__}")
+    experts_here = config.n_routed_experts
+    if ep_group is not None:
+        from .parallel import ExpertParallelGroup
+
+        if not isinstance(ep_group, ExpertParallelGroup):
+            raise TypeError(f"ep_group: expected a cupy_moe.parallel.ExpertParallelGroup, "
+                            f"got {type(ep_group).__name__}")
+        W = ep_group.world_size
+        if config.n_routed_experts % W:
+            raise ValueError(f"ep_group: n_routed_experts ({config.n_routed_experts}) must be a "
+                             f"multiple of the world size ({W})")
+        experts_here = config.n_routed_experts // W
     if config.n_shared_experts == 0:
         for name in MOE_WEIGHTS[4:]:
             if args[name] is not None:
@@ -125,14 +137,19 @@ def moe_forward_args(args: dict, config):
     floats = (bfloat16,) if xp is not np else (bfloat16, _FLOAT64)
     dims = Dims(H=config.hidden_size, E=config.n_routed_experts, I=config.moe_intermediate_size,
                 Is=config.shared_intermediate_size)
+    e_here = "E"  # the experts whose weights this call holds: all, or the rank's shard
+    if ep_group is not None:
+        e_here = "E/W"
+        dims.sizes[e_here] = experts_here
+        dims.source[e_here] = "config.n_routed_experts / ep_group.world_size"
     dims.check("hidden_states", x, floats, ("T", "H"))
     dt = x.dtype
     bias_dtypes = (_FLOAT32,) if dt == bfloat16 else (_FLOAT32, _FLOAT64)
     dims.check("router_weight", args["router_weight"], dt, ("E", "H"))
     dims.check("e_score_correction_bias", args["e_score_correction_bias"], bias_dtypes, ("E",))
-    dims.check("expert_gate_weight", args["expert_gate_weight"], dt, ("E", "I", "H"))
-    dims.check("expert_up_weight", args["expert_up_weight"], dt, ("E", "I", "H"))
-    dims.check("expert_down_weight", args["expert_down_weight"], dt, ("E", "H", "I"))
+    dims.check("expert_gate_weight", args["expert_gate_weight"], dt, (e_here, "I", "H"))
+    dims.check("expert_up_weight", args["expert_up_weight"], dt, (e_here, "I", "H"))
+    dims.check("expert_down_weight", args["expert_down_weight"], dt, (e_here, "H", "I"))
     if config.n_shared_experts:
         dims.check("shared_expert_gate_weight", args["shared_expert_gate_weight"], dt, ("Is", "H"))
         dims.check("shared_expert_up_weight", args["shared_expert_up_weight"], dt, ("Is", "H"))

@@ -1,0 +1,86 @@
+"""Transports of the expert-parallel layer: an all-to-all of small count tables and of row blocks.
+
+A group is what one rank sees: its rank, the world size, and two collectives that every rank of
+the group calls in the same order:
+  exchange_counts(table [W, n] int64) -> [W, n]: row d goes to rank d; row s of the result came
+      from rank s.
+  exchange_rows(rows [sum(send_counts), ...], send_counts [W], recv_counts [W]) -> rows: the
+      first send_counts[0] rows go to rank 0, the next send_counts[1] to rank 1, ...; the result
+      holds recv_counts[s] rows from each rank s, in rank order.
+SingleRankGroup is W = 1 (every exchange is the identity), ThreadGroup simulates W ranks as
+threads of one process (tests, examples); an NCCL group for one process per GPU is the next step
+(issue 7) and plugs in behind the same two calls.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+
+class ExpertParallelGroup:
+    """Interface of a transport (see the module docstring)."""
+
+    rank: int
+    world_size: int
+
+    def exchange_counts(self, table):
+        raise NotImplementedError
+
+    def exchange_rows(self, rows, send_counts, recv_counts):
+        raise NotImplementedError
+
+
+class SingleRankGroup(ExpertParallelGroup):
+    """W = 1: one rank owns every expert; the layer runs the expert-parallel code path with
+    identity exchanges."""
+
+    rank, world_size = 0, 1
+
+    def exchange_counts(self, table):
+        return np.array(table, dtype=np.int64, copy=True)
+
+    def exchange_rows(self, rows, send_counts, recv_counts):
+        return rows.copy()
+
+
+class _Exchange:
+    def __init__(self, world_size: int):
+        self.barrier = threading.Barrier(world_size)
+        self.boxes = [None] * world_size
+
+
+class ThreadGroup(ExpertParallelGroup):
+    """One rank of W simulated in threads of one process (thread_groups(W) makes all W)."""
+
+    def __init__(self, exchange: _Exchange, rank: int, world_size: int):
+        self._x, self.rank, self.world_size = exchange, rank, world_size
+
+    def _all_to_all(self, blocks):
+        x = self._x
+        x.boxes[self.rank] = blocks
+        x.barrier.wait()
+        got = [x.boxes[s][self.rank] for s in range(self.world_size)]
+        x.barrier.wait()  # nobody overwrites a box before everyone has read theirs
+        return got
+
+    def exchange_counts(self, table):
+        table = np.asarray(table, dtype=np.int64)
+        return np.stack(self._all_to_all([table[d].copy() for d in range(self.world_size)]))
+
+    def exchange_rows(self, rows, send_counts, recv_counts):
+        ends = np.cumsum(send_counts)
+        blocks = [rows[e - c:e].copy() for c, e in zip(send_counts, ends)]
+        got = self._all_to_all(blocks)
+        for s, (block, n) in enumerate(zip(got, recv_counts)):
+            if len(block) != n:
+                raise RuntimeError(f"rank {self.rank}: expected {n} rows from rank {s}, got {len(block)}")
+        return np.concatenate(got) if got else rows[:0]
+
+
+def thread_groups(world_size: int):
+    """The W groups of one simulated expert-parallel world (one per thread)."""
+    if world_size < 1:
+        raise ValueError(f"world_size: expected >= 1, got {world_size}")
+    exchange = _Exchange(world_size)
+    return [ThreadGroup(exchange, r, world_size) for r in range(world_size)]

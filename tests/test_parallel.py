@@ -1,0 +1,111 @@
+"""Expert parallelism without GPUs: the dispatch bookkeeping on its own, and whole worlds of W
+simulated ranks (threads) whose results must equal one device's on the same global inputs."""
+import threading
+
+import numpy as np
+import pytest
+
+import cupy_moe
+from cupy_moe import MoEConfig
+from cupy_moe.parallel import SingleRankGroup, thread_groups
+from cupy_moe.parallel.dispatch import plan_from_counts
+from cupy_moe.testing import make_moe_inputs, relative_error
+
+CFG = MoEConfig(hidden_size=24, n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=6,
+                n_group=2, topk_group=2, routed_scaling_factor=1.5)
+EXPERT_FIELDS = ("expert_gate_weight", "expert_up_weight", "expert_down_weight")
+
+
+def test_plan_from_counts():
+    rng = np.random.default_rng(0)
+    W, El = 3, 4
+    recv = rng.integers(0, 5, (W, El))
+    recv[1] = 0  # a source that sends nothing
+    send = rng.integers(0, 5, (W, El))
+    plan = plan_from_counts(send, recv)
+    assert (plan.send_counts == send.sum(1)).all() and (plan.recv_counts == recv.sum(1)).all()
+    # Tag every received row with (source, local expert, position) and check the expert-major order.
+    tags = [(s, e, i) for s in range(W) for e in range(El) for i in range(recv[s, e])]
+    ordered = [tags[j] for j in plan.to_expert_major]
+    assert ordered == sorted(tags, key=lambda t: (t[1], t[0], t[2]))
+    for e in range(El):
+        block = ordered[plan.local_offsets[e]:plan.local_offsets[e + 1]]
+        assert all(t[1] == e for t in block) and len(block) == recv[:, e].sum()
+    assert (plan.to_expert_major[plan.to_received] == np.arange(len(tags))).all()
+
+
+def _run_world(W, shards, weights, dys):
+    """Forward + backward on W threads; returns each rank's (out, grads, ctx)."""
+    groups = thread_groups(W)
+    results, errors = [None] * W, []
+
+    def rank(r):
+        try:
+            El = CFG.n_routed_experts // W
+            args = dict(weights, hidden_states=shards[r])
+            for f in EXPERT_FIELDS:
+                args[f] = weights[f][r * El:(r + 1) * El]
+            out, ctx = cupy_moe.moe_forward(**args, config=CFG, ep_group=groups[r])
+            results[r] = (out, cupy_moe.moe_backward(dys[r], ctx), ctx)
+        except BaseException as exc:  # surfaced in the main thread
+            errors.append(exc)
+            groups[r]._x.barrier.abort()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(W)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+@pytest.mark.parametrize("W", [1, 2, 4])
+@pytest.mark.parametrize("dtype", ["float64", "bf16"])
+@pytest.mark.parametrize("routing", ["random", "one_expert"])
+def test_world_equals_one_device(W, dtype, routing):
+    dt = np.float64 if dtype == "float64" else cupy_moe.bfloat16
+    sizes = [7, 0, 5, 3][:W] if W > 1 else [11]
+    T = sum(sizes)
+    g = make_moe_inputs(CFG, T, seed=W, dtype=dt, routing=routing)
+    dy = np.random.default_rng(W + 1).standard_normal((T, CFG.hidden_size)).astype(dt)
+    ref_out, ref_ctx = cupy_moe.moe_forward(**g, config=CFG)
+    ref = cupy_moe.moe_backward(dy, ref_ctx)
+    cuts = np.cumsum([0] + sizes)
+    shards = [g["hidden_states"][cuts[r]:cuts[r + 1]] for r in range(W)]
+    dys = [dy[cuts[r]:cuts[r + 1]] for r in range(W)]
+    results = _run_world(W, shards, g, dys)
+    tol = 1e-12 if dtype == "float64" else 1e-2
+    f32 = lambda a: np.asarray(a, np.float64)
+    out = np.concatenate([r[0] for r in results])
+    assert relative_error(f32(out), f32(ref_out)) <= tol
+    dx = np.concatenate([r[1].hidden_states for r in results])
+    assert relative_error(f32(dx), f32(ref.hidden_states)) <= tol
+    for f in EXPERT_FIELDS:  # each rank holds its experts' whole gradient
+        got = np.concatenate([getattr(r[1], f) for r in results])
+        assert relative_error(f32(got), f32(getattr(ref, f))) <= tol, f
+    for f in ("router_weight", "shared_expert_gate_weight", "shared_expert_up_weight",
+              "shared_expert_down_weight"):  # replicated weights: the ranks' shares sum up
+        got = sum(f32(getattr(r[1], f)) for r in results)
+        assert relative_error(got, f32(getattr(ref, f))) <= tol, f
+    # Every rank's tokens_per_expert counts its own tokens; the world's sum is the device's.
+    assert (sum(r[2].tokens_per_expert for r in results) == ref_ctx.tokens_per_expert).all()
+
+
+def test_single_rank_group_is_the_same_code_path():
+    g = make_moe_inputs(CFG, 9, seed=1, dtype=np.float64)
+    out, ctx = cupy_moe.moe_forward(**g, config=CFG, ep_group=SingleRankGroup())
+    assert ctx.expert_parallel is not None and ctx.gate is None
+    ref_out, _ = cupy_moe.moe_forward(**g, config=CFG)
+    np.testing.assert_allclose(out, ref_out, rtol=1e-13, atol=1e-13)
+
+
+def test_ep_validation():
+    g = make_moe_inputs(CFG, 4, seed=0)
+    with pytest.raises(TypeError, match="ep_group"):
+        cupy_moe.moe_forward(**g, config=CFG, ep_group="nccl")
+    with pytest.raises(ValueError, match="ep_group.*multiple of the world size"):
+        cupy_moe.moe_forward(**g, config=CFG, ep_group=thread_groups(3)[0])
+    with pytest.raises(ValueError, match=r"expert_gate_weight.*E/W = 4"):
+        cupy_moe.moe_forward(**g, config=CFG, ep_group=thread_groups(2)[0])
