@@ -219,10 +219,78 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     'sm90' (it or ValueError), 'mma' (the portable main loop). epilogue='swiglu_backward' takes
     `swiglu` (out is ignored); where the Hopper loop does not apply, it runs as an fp32 GEMM and
     the elementwise kernel.
+
+    A launch's parameter block depends only on addresses and sizes, so it is built once per
+    distinct call and replayed from a cache afterwards (repeated calls on the same buffers, as a
+    training loop makes them, skip the host work of building it).
     """
     assert 1 <= len(segments) <= MAX_SEGMENTS and engine in ENGINES
     if m == 0 or n == 0:
         return  # nothing to write (an M-grouped grid would otherwise still launch its group slack)
+    import cupy
+
+    opt = lambda a: 0 if a is None else _addr(a)
+    sw = swiglu if epilogue == "swiglu_backward" else None
+    key = (cupy.cuda.Device().id, m, n, a_kmajor, b_kmajor, opt(out), ldc, epilogue, grouping,
+           opt(group_offsets), num_groups, c_group_stride, opt(gather_a), opt(gather_b),
+           gather_div, engine,
+           tuple((_addr(s.a), s.lda, _addr(s.b), s.ldb, s.k, s.b_group_stride) for s in segments),
+           None if sw is None else tuple(opt(a) for a in (sw.gate, sw.up, sw.dg, sw.du, sw.act,
+                                                         sw.weights, sw.row_index, sw.aw, sw.dw)))
+    launch = _prepared.get(key)
+    if launch is None:
+        launch = _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping,
+                          group_offsets, num_groups, c_group_stride, gather_a, gather_b,
+                          gather_div, engine, sw)
+        if len(_prepared) >= 1024:
+            _prepared.clear()
+        _prepared[key] = launch
+    launch.run(sw)
+
+
+_prepared = {}  # the gemm() call's addresses and sizes -> _Launch
+
+
+@dataclass
+class _Launch:
+    """A prepared launch: the parameter block as bytes, replayed by run()."""
+
+    kind: str          # 'sm90', 'mma' or 'unfused' (SwiGLU backward as GEMM + elementwise)
+    module: object
+    name: str
+    grid: tuple
+    threads: int
+    smem: int
+    params: bytes
+    param_type: type
+    m: int = 0
+    n: int = 0
+    tiles_n: int = 0   # sm90 SwiGLU epilogue: row partials per row
+
+    def run(self, sw) -> None:
+        import cupy
+
+        P = self.param_type.from_buffer_copy(self.params)
+        base = P.base if self.kind == "sm90" else P
+        partial = da = None
+        if self.kind == "sm90" and sw is not None and sw.dw is not None:
+            partial = cupy.empty((self.m, self.tiles_n), cupy.float32)
+            base.e_row_partial, base.e_partial_ld = partial.data.ptr, self.tiles_n
+        if self.kind == "unfused":
+            da = cupy.empty((self.m, self.n), cupy.float32)
+            base.c, base.ldc = da.data.ptr, self.n
+        _launch.launch(self.module, self.name, self.grid, (self.threads,), [P], self.smem)
+        if partial is not None:
+            partial.sum(axis=1, out=sw.dw)  # fixed order per row: deterministic
+        if da is not None:
+            from .elementwise import swiglu_backward
+
+            swiglu_backward(da, sw.gate, sw.up, sw.act, sw.weights, sw.row_index,
+                            out=(sw.dg, sw.du, sw.dw, sw.aw))
+
+
+def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, group_offsets,
+             num_groups, c_group_stride, gather_a, gather_b, gather_div, engine, sw) -> _Launch:
     p = GemmParams()
     for i, s in enumerate(segments):
         p.a[i], p.b[i] = _addr(s.a), _addr(s.b)
@@ -235,8 +303,7 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     p.gather_a = 0 if gather_a is None else _addr(gather_a)
     p.gather_b = 0 if gather_b is None else _addr(gather_b)
     p.gather_div = gather_div
-    if epilogue == "swiglu_backward":
-        sw = swiglu
+    if sw is not None:
         p.e_gate, p.e_up, p.e_dg, p.e_du = (_addr(a) for a in (sw.gate, sw.up, sw.dg, sw.du))
         p.e_act, p.e_row_weight, p.e_row_index, p.e_aw = (
             0 if a is None else _addr(a) for a in (sw.act, sw.weights, sw.row_index, sw.aw))
@@ -247,25 +314,15 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
         why = _sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stride,
                                 flags["GATHER_A"], flags["GATHER_B"])
         if why is None:
-            return _launch_sm90(p, segments, m, n, grouping, num_groups, flags, swiglu)
+            return _prepare_sm90(p, segments, m, n, grouping, num_groups, flags)
         if engine == "sm90":
             raise ValueError(f"the sm90 GEMM does not apply: {why}")
-    if epilogue == "swiglu_backward":
-        _swiglu_backward_unfused(p, segments, m, n, grouping, num_groups, flags, swiglu)
-    else:
-        _launch_mma(p, segments, m, n, grouping, num_groups, flags)
-
-
-def _swiglu_backward_unfused(p, segments, m, n, grouping, num_groups, flags, sw) -> None:
-    import cupy
-
-    from .elementwise import swiglu_backward
-
-    da = cupy.empty((m, n), cupy.float32)
-    p.c, p.ldc = da.data.ptr, n
-    _launch_mma(p, segments, m, n, grouping, num_groups, dict(flags, EPILOGUE=EPILOGUES["f32"]))
-    swiglu_backward(da, sw.gate, sw.up, sw.act, sw.weights, sw.row_index,
-                    out=(sw.dg, sw.du, sw.dw, sw.aw))
+    if sw is not None:  # the portable loop has no fused epilogue: fp32 da', then the kernel
+        launch = _prepare_mma(p, segments, m, n, grouping, num_groups,
+                              dict(flags, EPILOGUE=EPILOGUES["f32"]))
+        launch.kind, launch.m, launch.n = "unfused", m, n
+        return launch
+    return _prepare_mma(p, segments, m, n, grouping, num_groups, flags)
 
 
 def _sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stride, copy_a, copy_b):
@@ -289,7 +346,7 @@ def _sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stri
     return None
 
 
-def _launch_sm90(p, segments, m, n, grouping, num_groups, flags, swiglu=None) -> None:
+def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags) -> _Launch:
     import cupy
 
     _, sms = _device_info(cupy.cuda.Device().id)
@@ -321,18 +378,12 @@ def _launch_sm90(p, segments, m, n, grouping, num_groups, flags, swiglu=None) ->
         tiles = num_groups * cdiv(m, cfg.BM) * tiles_n
     else:
         tiles = m_tiles * tiles_n
-    grid = (min(tiles, sms),)
-    partial = None
-    if swiglu is not None and swiglu.dw is not None:
-        partial = cupy.empty((m, tiles_n), cupy.float32)
-        P.base.e_row_partial, P.base.e_partial_ld = partial.data.ptr, tiles_n
-    _launch.launch(_sm90_module(cfg), "gemm_sm90_kernel", grid, (cfg.THREADS,), [P],
-                   cfg.smem_bytes(num_groups if grouping == "m" else 0))
-    if partial is not None:
-        partial.sum(axis=1, out=swiglu.dw)  # fixed order per row: deterministic
+    return _Launch("sm90", _sm90_module(cfg), "gemm_sm90_kernel", (min(tiles, sms),), cfg.THREADS,
+                   cfg.smem_bytes(num_groups if grouping == "m" else 0), bytes(P), GemmSm90Params,
+                   m=m, n=n, tiles_n=tiles_n)
 
 
-def _launch_mma(p, segments, m, n, grouping, num_groups, flags) -> None:
+def _prepare_mma(p, segments, m, n, grouping, num_groups, flags) -> _Launch:
     # 16-byte loads need every line start and every valid extent on an 8-element boundary.
     a_kmajor, b_kmajor = flags["A_KMAJOR"], flags["B_KMAJOR"]
     vec_a = all(_aligned(_addr(s.a) // 2, s.lda, s.k if a_kmajor else m) for s in segments)
@@ -346,7 +397,8 @@ def _launch_mma(p, segments, m, n, grouping, num_groups, flags) -> None:
         grid = (tiles_n, tiles_m, num_groups)
     else:
         grid = (tiles_n, tiles_m, 1)
-    _launch.launch(_module(cfg), "gemm_kernel", grid, (cfg.threads,), [p], cfg.smem_bytes)
+    return _Launch("mma", _module(cfg), "gemm_kernel", grid, cfg.threads, cfg.smem_bytes, bytes(p),
+                   GemmParams, m=m, n=n)
 
 
 def example_configs():
