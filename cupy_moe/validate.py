@@ -31,26 +31,31 @@ class Dims:
         return self.sizes[name]
 
     def check(self, name: str, a, dtypes, dims: tuple) -> None:
-        """Check array `a`, argument `name`: dtype in `dtypes`, shape `dims`, C-contiguous."""
-        dtypes = tuple(np.dtype(d) for d in (dtypes if isinstance(dtypes, (tuple, list)) else (dtypes,)))
+        """Check array `a`, argument `name`: dtype in `dtypes`, shape `dims`, C-contiguous.
+        (Runs on every public call: the messages are only built on the error path.)"""
+        dtypes = dtypes if isinstance(dtypes, (tuple, list)) else (dtypes,)
         if a.dtype not in dtypes:
             want = " or ".join(_dtype_name(d) for d in dtypes)
             raise TypeError(f"{name}: expected dtype {want}, got {_dtype_name(a.dtype)}")
-        spec = "(" + ", ".join(str(d) for d in dims) + ")"
-        if a.ndim != len(dims):
-            raise ValueError(f"{name}: expected a {len(dims)}-d array of shape {spec}, "
-                             f"got {a.ndim}-d shape {tuple(a.shape)}")
-        for axis, (d, n) in enumerate(zip(dims, a.shape)):
+        shape = a.shape
+        if len(shape) != len(dims):
+            raise ValueError(f"{name}: expected a {len(dims)}-d array of shape {_spec(dims)}, "
+                             f"got {len(shape)}-d shape {tuple(shape)}")
+        for axis, (d, n) in enumerate(zip(dims, shape)):
             want = d if isinstance(d, int) else self.sizes.get(d)
             if want is None:
                 self.sizes[d] = int(n)
                 self.source[d] = f"{name}.shape[{axis}]"
             elif n != want:
                 where = "" if isinstance(d, int) else f" ({d} = {want} from {self.source[d]})"
-                raise ValueError(f"{name}: expected shape {spec}{where}, got {tuple(a.shape)}")
+                raise ValueError(f"{name}: expected shape {_spec(dims)}{where}, got {tuple(shape)}")
         if not a.flags.c_contiguous:
             raise ValueError(f"{name}: expected a C-contiguous array, got strides {a.strides} "
-                             f"for shape {tuple(a.shape)} (pass xp.ascontiguousarray({name}))")
+                             f"for shape {tuple(shape)} (pass xp.ascontiguousarray({name}))")
+
+
+def _spec(dims) -> str:
+    return "(" + ", ".join(str(d) for d in dims) + ")"
 
 
 def check_topk_indices(name: str, idx, n_experts: int) -> None:
