@@ -1,5 +1,7 @@
 """Expert parallelism without GPUs: the dispatch bookkeeping on its own, and whole worlds of W
 simulated ranks (threads) whose results must equal one device's on the same global inputs."""
+import os
+import sys
 import threading
 
 import numpy as np
@@ -109,3 +111,29 @@ def test_ep_validation():
         cupy_moe.moe_forward(**g, config=CFG, ep_group=thread_groups(3)[0])
     with pytest.raises(ValueError, match=r"expert_gate_weight.*E/W = 4"):
         cupy_moe.moe_forward(**g, config=CFG, ep_group=thread_groups(2)[0])
+
+
+def _rank_step(group, tokens, seed):
+    """A rank of a process world (module level, so spawned processes can import it)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    "examples"))
+    import expert_parallel
+
+    return expert_parallel.rank_step(group, tokens, seed)
+
+
+def test_processes_through_queues_equal_one_process():
+    """W = 2 real processes (spawned, the queue transport), via the example's own check."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    "examples"))
+    import expert_parallel
+
+    err, seconds = expert_parallel.check_world(2, 37, seed=3)
+    assert err < 1e-2 and len(seconds) == 2
+
+
+def test_run_world_reports_a_failing_rank():
+    from cupy_moe.parallel import run_world
+
+    with pytest.raises(RuntimeError, match="rank"):
+        run_world(2, _rank_step, 10, -5)  # a negative seed fails in every rank

@@ -8,8 +8,8 @@ the group calls in the same order:
       first send_counts[0] rows go to rank 0, the next send_counts[1] to rank 1, ...; the result
       holds recv_counts[s] rows from each rank s, in rank order.
 SingleRankGroup is W = 1 (every exchange is the identity), ThreadGroup simulates W ranks as
-threads of one process (tests, examples); an NCCL group for one process per GPU is the next step
-(issue 7) and plugs in behind the same two calls.
+threads of one process (tests), QueueGroup connects W processes of one host (launch.run_world); an
+NCCL group for one process per GPU is the next step (issue 7) and plugs in behind the same calls.
 """
 from __future__ import annotations
 
@@ -84,3 +84,45 @@ def thread_groups(world_size: int):
         raise ValueError(f"world_size: expected >= 1, got {world_size}")
     exchange = _Exchange(world_size)
     return [ThreadGroup(exchange, r, world_size) for r in range(world_size)]
+
+
+class QueueGroup(ExpertParallelGroup):
+    """One rank of W processes on one host, exchanging through multiprocessing queues (one inbox
+    per rank). A CPU transport for the NumPy path and for testing launchers; an NCCL group takes
+    its place on GPUs. Messages carry (collective number, source), so a fast rank that is already
+    one collective ahead never confuses a slow one."""
+
+    def __init__(self, inboxes, rank: int):
+        self._inboxes, self.rank, self.world_size = inboxes, rank, len(inboxes)
+        self._seq = 0
+        self._early = {}
+
+    def _all_to_all(self, blocks):
+        seq, self._seq = self._seq, self._seq + 1
+        for d, block in enumerate(blocks):
+            if d != self.rank:
+                self._inboxes[d].put((seq, self.rank, block))
+        got = {self.rank: blocks[self.rank]}
+        while len(got) < self.world_size:
+            key = next((k for k in self._early if k[0] == seq), None)
+            if key is not None:
+                got[key[1]] = self._early.pop(key)
+                continue
+            s, src, block = self._inboxes[self.rank].get(timeout=600)
+            if s == seq:
+                got[src] = block
+            else:
+                self._early[(s, src)] = block
+        return [got[s] for s in range(self.world_size)]
+
+    def exchange_counts(self, table):
+        table = np.asarray(table, dtype=np.int64)
+        return np.stack(self._all_to_all([table[d].copy() for d in range(self.world_size)]))
+
+    def exchange_rows(self, rows, send_counts, recv_counts):
+        ends = np.cumsum(send_counts)
+        got = self._all_to_all([rows[e - c:e] for c, e in zip(send_counts, ends)])
+        for s, (block, n) in enumerate(zip(got, recv_counts)):
+            if len(block) != n:
+                raise RuntimeError(f"rank {self.rank}: expected {n} rows from rank {s}, got {len(block)}")
+        return np.concatenate(got)
