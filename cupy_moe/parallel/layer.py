@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-
 from ..context import MoEContext
 from ..reference.layer import (_backward_tail, _inverse, _swiglu_forward, combine,
                                experts_backward, experts_forward)
