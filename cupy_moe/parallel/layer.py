@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..context import MoEContext
-from ..reference.layer import (_backward_tail, _inverse, _swiglu_forward, combine,
-                               experts_backward, experts_forward)
+from ..reference.layer import _backward_tail, experts_backward, experts_forward, finish_forward
 from ..reference.precision import precision_for
 from ..reference.routing import route, routing_sort
 from .dispatch import DispatchPlan, plan_dispatch
@@ -49,28 +48,12 @@ def forward(hidden_states, router_weight, e_score_correction_bias, expert_gate_w
                                             expert_gate_weight, expert_up_weight, expert_down_weight)
     y_sorted = P.load(group.exchange_rows(P.out(y_rows)[plan.to_received], plan.recv_counts,
                                           plan.send_counts))
-    shared = (None, None, None)
-    y_shared = None
-    if config.n_shared_experts:
-        shared = _swiglu_forward(P, x, shared_expert_gate_weight, shared_expert_up_weight)
-        y_shared = P.store(shared[2] @ P.load(shared_expert_down_weight).T)
-    out = P.out(P.store(combine(P, y_sorted, slots, w, y_shared)))
     ep = ExpertParallelState(group=group, plan=plan, x_rows=x_rows, gate=P.out(gate),
                              up=P.out(up), act=P.out(act))
-    ctx = MoEContext(
-        config=config, hidden_states=hidden_states, router_weight=router_weight,
-        expert_gate_weight=expert_gate_weight, expert_up_weight=expert_up_weight,
-        expert_down_weight=expert_down_weight, shared_expert_gate_weight=shared_expert_gate_weight,
-        shared_expert_up_weight=shared_expert_up_weight,
-        shared_expert_down_weight=shared_expert_down_weight,
-        scores=scores, topk_indices=idx, topk_weights=w, tokens_per_expert=counts,
-        expert_offsets=offsets, sorted_slots=slots, slot_rows=_inverse(slots),
-        gate=None, up=None, act=None,
-        shared_gate=None if shared[0] is None else P.out(shared[0]),
-        shared_up=None if shared[1] is None else P.out(shared[1]),
-        shared_act=None if shared[2] is None else P.out(shared[2]),
-        expert_parallel=ep)
-    return out, ctx
+    inputs = (hidden_states, router_weight, expert_gate_weight, expert_up_weight, expert_down_weight,
+              shared_expert_gate_weight, shared_expert_up_weight, shared_expert_down_weight)
+    return finish_forward(P, inputs, config, (scores, idx, w, slots, offsets, counts), y_sorted,
+                          (None, None, None), expert_parallel=ep)
 
 
 def backward(grad_output, ctx: MoEContext):

@@ -121,25 +121,37 @@ def forward_routed(hidden_states, router_weight, expert_gate_weight, expert_up_w
     slots, offsets, counts = routing_sort(idx, E)
     gate, up, act, y_sorted = experts_forward(P, x[slots // K], offsets, expert_gate_weight,
                                               expert_up_weight, expert_down_weight)
+    inputs = (hidden_states, router_weight, expert_gate_weight, expert_up_weight, expert_down_weight,
+              shared_expert_gate_weight, shared_expert_up_weight, shared_expert_down_weight)
+    return finish_forward(P, inputs, config, (scores, idx, w, slots, offsets, counts), y_sorted,
+                          (P.out(gate), P.out(up), P.out(act)))
+
+
+def finish_forward(P: Precision, inputs, config: MoEConfig, routing, y_sorted, saved,
+                   expert_parallel=None):
+    """After the routed experts: the shared expert, the weighted combine and the saved context
+    (shared by the single-device and the expert-parallel layer). inputs: the eight arrays of
+    moe_forward; routing: (scores, topk_indices, topk_weights, sorted_slots, expert_offsets,
+    tokens_per_expert); saved: (gate, up, act) for the context."""
+    hidden_states, router_weight, wg, wu, wd, wsg, wsu, wsd = inputs
+    scores, idx, w, slots, offsets, counts = routing
     shared = (None, None, None)
     y_shared = None
     if config.n_shared_experts:
-        shared = _swiglu_forward(P, x, shared_expert_gate_weight, shared_expert_up_weight)
-        y_shared = P.store(shared[2] @ P.load(shared_expert_down_weight).T)
-    y = combine(P, y_sorted, slots, w, y_shared)
-    out = P.out(P.store(y))
+        shared = _swiglu_forward(P, P.load(hidden_states), wsg, wsu)
+        y_shared = P.store(shared[2] @ P.load(wsd).T)
+    out = P.out(P.store(combine(P, y_sorted, slots, w, y_shared)))
     ctx = MoEContext(
         config=config, hidden_states=hidden_states, router_weight=router_weight,
-        expert_gate_weight=expert_gate_weight, expert_up_weight=expert_up_weight,
-        expert_down_weight=expert_down_weight, shared_expert_gate_weight=shared_expert_gate_weight,
-        shared_expert_up_weight=shared_expert_up_weight,
-        shared_expert_down_weight=shared_expert_down_weight,
+        expert_gate_weight=wg, expert_up_weight=wu, expert_down_weight=wd,
+        shared_expert_gate_weight=wsg, shared_expert_up_weight=wsu, shared_expert_down_weight=wsd,
         scores=scores, topk_indices=idx, topk_weights=w, tokens_per_expert=counts,
         expert_offsets=offsets, sorted_slots=slots, slot_rows=_inverse(slots),
-        gate=P.out(gate), up=P.out(up), act=P.out(act),
+        gate=saved[0], up=saved[1], act=saved[2],
         shared_gate=None if shared[0] is None else P.out(shared[0]),
         shared_up=None if shared[1] is None else P.out(shared[1]),
-        shared_act=None if shared[2] is None else P.out(shared[2]))
+        shared_act=None if shared[2] is None else P.out(shared[2]),
+        expert_parallel=expert_parallel)
     return out, ctx
 
 
