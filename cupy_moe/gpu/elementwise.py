@@ -14,7 +14,7 @@ def gather_rows(src, index, div):
     rows, width = index.shape[0], src.shape[1]
     dst = cp.empty((rows, width), src.dtype)
     _launch.launch(_build.load_module("gather_rows.cu"), "gather_rows",
-                   (min(cdiv(rows, 8), 132 * 16),), (256,),
+                   (grid_stride_blocks(rows * 32),), (256,),  # a warp per row
                    [ptr(src), ptr(index), i32(div), i32(rows), i32(width), ptr(dst)])
     return dst
 
