@@ -85,14 +85,24 @@ __device__ __forceinline__ void cp_async_tile(u8* tile, const bf16_t* base, i64 
   }
 }
 
-// TMA copy of the same tile: K-major one box {64 k, LINES}; MN-major one box {64 mn, 64 k} per atom.
-template <int LINES, int WIDTH, bool KMAJOR>
+// One operand's tile of OUTER rows (m or n) by cp.async: a K-major operand's memory lines are its
+// rows, an MN-major operand's are the k rows.
+template <int OUTER, bool KMAJOR>
+__device__ __forceinline__ void cp_async_operand(u8* tile, const bf16_t* base, i64 ld, const int* map,
+                                                 int div, int outer0, int outer_hi, int k0, int k_end,
+                                                 int tid) {
+  if constexpr (KMAJOR) cp_async_tile<OUTER, BK>(tile, base, ld, map, div, outer0, outer_hi, k0, k_end, tid);
+  else cp_async_tile<BK, OUTER>(tile, base, ld, map, div, k0, k_end, outer0, outer_hi, tid);
+}
+
+// TMA copy of the same tile: K-major one box {64 k, OUTER}; MN-major one box {64 mn, 64 k} per atom.
+template <int OUTER, bool KMAJOR>
 __device__ __forceinline__ void tma_tile(u8* tile, const TmaDesc* map, u64* bar, int outer0, int k0, int group) {
   if constexpr (KMAJOR) {
     tma_load_3d(tile, map, bar, k0, outer0, group);
   } else {
     #pragma unroll
-    for (int a = 0; a < WIDTH / 64; ++a) tma_load_3d(tile + a * ATOM_BYTES, map, bar, outer0 + 64 * a, k0, group);
+    for (int a = 0; a < OUTER / 64; ++a) tma_load_3d(tile + a * ATOM_BYTES, map, bar, outer0 + 64 * a, k0, group);
   }
 }
 
@@ -121,24 +131,16 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const TileSche
           if constexpr (L::TMA_BYTES > 0) mbar_arrive_expect_tx(&full[stage], L::TMA_BYTES);
           else mbar_arrive(&full[stage]);
           if constexpr (!L::CPA_A)
-            tma_tile<BM, BM, Cfg::A_KMAJOR>(ta, &P.tma_a[s], &full[stage], tc.m0, k0, 0);
+            tma_tile<BM, Cfg::A_KMAJOR>(ta, &P.tma_a[s], &full[stage], tc.m0, k0, 0);
           if constexpr (!L::CPA_B)
-            tma_tile<BN, BN, Cfg::B_KMAJOR>(tb, &P.tma_b[s], &full[stage], tc.n0, k0, grp);
+            tma_tile<BN, Cfg::B_KMAJOR>(tb, &P.tma_b[s], &full[stage], tc.n0, k0, grp);
         }
-        if constexpr (L::CPA_A) {
-          const int* map = p.gather_a;
-          if constexpr (Cfg::A_KMAJOR)
-            cp_async_tile<BM, BK>(ta, a_base, p.lda[s], map, p.gather_div, tc.m0, tc.m_hi, k0, k_end, tid);
-          else
-            cp_async_tile<BK, BM>(ta, a_base, p.lda[s], map, p.gather_div, k0, k_end, tc.m0, p.m, tid);
-        }
-        if constexpr (L::CPA_B) {
-          const int* map = p.gather_b;
-          if constexpr (Cfg::B_KMAJOR)
-            cp_async_tile<BN, BK>(tb, b_base, p.ldb[s], map, p.gather_div, tc.n0, p.n, k0, k_end, tid);
-          else
-            cp_async_tile<BK, BN>(tb, b_base, p.ldb[s], map, p.gather_div, k0, k_end, tc.n0, p.n, tid);
-        }
+        if constexpr (L::CPA_A)  // rows stop at the group's end (K-major) or at m
+          cp_async_operand<BM, Cfg::A_KMAJOR>(ta, a_base, p.lda[s], p.gather_a, p.gather_div, tc.m0,
+                                              Cfg::A_KMAJOR ? tc.m_hi : p.m, k0, k_end, tid);
+        if constexpr (L::CPA_B)
+          cp_async_operand<BN, Cfg::B_KMAJOR>(tb, b_base, p.ldb[s], p.gather_b, p.gather_div, tc.n0,
+                                              p.n, k0, k_end, tid);
         if constexpr (L::CPA) {
           cp_async_commit();
           cp_async_wait<L::CPA_LAG>();  // the copies of issue number `issued - CPA_LAG` have landed
