@@ -14,7 +14,8 @@ def is_cupy_array(a) -> bool:
 
 
 def is_array(a) -> bool:
-    return isinstance(a, np.ndarray) or is_cupy_array(a)
+    # np.matrix is an ndarray whose `*` multiplies matrices: never a valid input here.
+    return (isinstance(a, np.ndarray) and not isinstance(a, np.matrix)) or is_cupy_array(a)
 
 
 def array_module(named_arrays):

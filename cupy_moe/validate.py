@@ -126,6 +126,9 @@ def moe_forward_args(args: dict, config, ep_group=None):
             raise ValueError(f"ep_group: n_routed_experts ({config.n_routed_experts}) must be a "
                              f"multiple of the world size ({W})")
         experts_here = config.n_routed_experts // W
+    for name in ("hidden_states", "e_score_correction_bias") + MOE_WEIGHTS[:4]:
+        if args[name] is None:
+            raise TypeError(f"{name}: expected an array, got None")
     if config.n_shared_experts == 0:
         for name in MOE_WEIGHTS[4:]:
             if args[name] is not None:

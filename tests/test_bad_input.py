@@ -8,6 +8,8 @@ import hashlib
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")
+
 import cupy_moe
 from cupy_moe import MoEConfig
 from cupy_moe.testing import make_moe_inputs, make_sol080_inputs
@@ -17,6 +19,15 @@ PATHS = [pytest.param("numpy", id="numpy"), pytest.param("cupy", id="cupy", mark
 CFG = MoEConfig(hidden_size=16, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=8,
                 n_group=2, topk_group=1)
 T = 5
+
+
+def _expected_cases(arrays, xp, other) -> int:
+    """dtype, rank, shape, list, None for every array; memory orders for >= 2-d ones; module
+    mixing where the other module is importable; np.matrix for 2-d ones on the NumPy path."""
+    n = 0
+    for a in arrays.values():
+        n += 5 + 2 * (a.ndim > 1) + (other is not None) + (xp is np and a.ndim == 2)
+    return n
 
 
 @pytest.fixture(params=PATHS)
@@ -68,6 +79,8 @@ def _to(module, a):
 
 def _variants(xp, other, name, a):
     """(label, bad value, exception, message pattern) for one array argument."""
+    if xp is np and a.ndim == 2:
+        yield "np.matrix", np.asmatrix(a), TypeError, name
     yield "dtype", a.astype(xp.float16), TypeError, name
     yield "rank", a[None], ValueError, name
     yield "shape", (a[..., :-1] if a.ndim > 1 else a[:-1]), ValueError, name
@@ -77,6 +90,7 @@ def _variants(xp, other, name, a):
     if other is not None:
         yield "other module", _to(other, a), TypeError, name
     yield "list", _to(np, a).astype(np.float32).tolist(), TypeError, name
+    yield "None", None, TypeError, f"{name}.*None"
 
 
 def test_moe_forward_every_argument(path):
@@ -85,13 +99,15 @@ def test_moe_forward_every_argument(path):
     cases = 0
     for name, a in good.items():
         for label, bad, exc, match in _variants(xp, other, name, a):
+            if label == "None" and name.startswith("shared"):
+                match = f"{name}.*array since config.n_shared_experts"
+                exc = ValueError
             args = dict(good, **{name: bad})
             if label == "other module" and name == "hidden_states":
                 match = "router_weight"  # the first array fixes the module; the next one is named
             _expect_error(lambda **kw: cupy_moe.moe_forward(**kw, config=CFG), args, exc, match)
             cases += 1
-    # 9 arrays x 7 variants; the 1-d bias has no memory-order cases; no CuPy: no module mixing
-    assert cases == 9 * (7 if other is not None else 6) - 2
+    assert cases == _expected_cases(good, xp, other)
 
 
 def test_moe_forward_config_disagrees(path):
@@ -116,6 +132,8 @@ def test_moe_backward_arguments(path):
     for label, bad, exc, match in _variants(xp, other, "grad_output", dy):
         if label == "other module":
             match = "grad_output.*like the forward"
+        if label == "None":
+            match = "grad_output.*got NoneType"
         _expect_error(lambda **kw: cupy_moe.moe_backward(**kw), dict(grad_output=bad, ctx=ctx),
                       exc, match)
     _expect_error(lambda **kw: cupy_moe.moe_backward(**kw), dict(grad_output=dy, ctx={"x": 1}),
@@ -139,9 +157,7 @@ def test_sol080_every_argument(path):
                 match = "hidden_states"
             _expect_error(cupy_moe.sol080_backward, dict(good, **{name: bad}), exc, match)
             cases += 1
-        _expect_error(cupy_moe.sol080_backward, dict(good, **{name: None}), TypeError, name)
-        cases += 1
-    assert cases == 15 * (8 if other is not None else 7) - 2
+    assert cases == _expected_cases(good, xp, other)
 
 
 def test_sol080_bad_routing(path):
