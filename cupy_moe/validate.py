@@ -13,7 +13,11 @@ from ._arrays import bfloat16, is_array, is_cupy_array
 
 def _dtype_name(dt) -> str:
     dt = np.dtype(dt)
-    return "bfloat16" if dt == bfloat16 else dt.name
+    if dt == bfloat16:
+        return "bfloat16"
+    if not dt.isnative:  # '>f4' and '<f4' are both named float32: say which one this is
+        return f"{dt.name} in non-native byte order ({dt.str})"
+    return dt.name
 
 
 class Dims:

@@ -218,3 +218,9 @@ def test_nan_and_inf_propagate(path, bad):
     s["grad_output"] = _to(xp, gout)
     res = cupy_moe.sol080_backward(**s)
     assert not np.isfinite(_to(np, res[0]).astype(np.float32)).all()
+
+
+def test_non_native_byte_order_is_named():
+    s = _sol_inputs(np)
+    _expect_error(cupy_moe.sol080_backward, dict(s, scores=s["scores"].astype(">f4")), TypeError,
+                  r"scores: expected dtype float32, got float32 in non-native byte order \(>f4\)")
