@@ -67,3 +67,61 @@ def test_a_changed_address_or_size_builds_anew(host):
     assert (P1.base.c, P2.base.c) == (0x9000_0000, 0xA000_0000)
     assert bytes(P1.tma_c) != bytes(P2.tma_c) and bytes(P1.tma_a) == bytes(P2.tma_a)
     assert launches[3][0][0] == "mma" and len(portable) == ctypes.sizeof(G.GemmParams)
+
+
+class _Scratch(_Array):
+    """What the stand-in cupy.empty hands out: an address, and a recorded row sum."""
+
+    sums = []
+
+    def sum(self, axis, out):
+        _Scratch.sums.append((self.data.ptr, axis, out))
+
+
+@pytest.fixture
+def scratch(host, monkeypatch):
+    fake = sys.modules["cupy"]
+    counter = iter(range(0xB000_0000, 0xC000_0000, 0x100_0000))
+    fake.empty = lambda shape, dtype: _Scratch(next(counter))
+    fake.float32 = "float32"
+    from cupy_moe.gpu import elementwise
+
+    calls = []
+    monkeypatch.setattr(elementwise, "swiglu_backward", lambda *a, **k: calls.append((a, k)))
+    _Scratch.sums.clear()
+    return calls
+
+
+def _swiglu_call(ldc=1408, engine="auto"):
+    arrays = [_Array(0x3000_0000 + i * 0x100_0000) for i in range(9)]
+    sw = G.SwigluBackward(gate=arrays[0], up=arrays[1], dg=arrays[2], du=arrays[3], act=arrays[4],
+                          weights=arrays[5], row_index=arrays[6], aw=arrays[7], dw=arrays[8])
+    G.gemm(m=300, n=1408, segments=[G.Segment(_Array(0x1000_0000), 4096, _Array(0x2000_0000), 1408,
+                                              k=4096)],
+           a_kmajor=True, b_kmajor=False, out=None, ldc=ldc, epilogue="swiglu_backward",
+           swiglu=sw, engine=engine)
+    return sw
+
+
+def test_fused_swiglu_gets_fresh_row_partials_each_call(host, scratch):
+    launches, prepares = host
+    sw = _swiglu_call()
+    _swiglu_call()
+    assert len(prepares) == 1 and len(launches) == 2
+    P = [G.GemmSm90Params.from_buffer_copy(l[4]) for l in launches]
+    assert P[0].base.e_row_partial != P[1].base.e_row_partial  # each call its own partials
+    assert P[0].base.e_partial_ld == 1408 // 128 and P[0].base.e_dg == sw.dg.data.ptr
+    assert [(ptr, axis) for ptr, axis, _ in _Scratch.sums] == [
+        (P[0].base.e_row_partial, 1), (P[1].base.e_row_partial, 1)]
+    assert not scratch  # the fused path never calls the elementwise kernel
+
+
+def test_unfused_swiglu_on_the_portable_loop(host, scratch):
+    launches, prepares = host
+    sw = _swiglu_call(engine="mma")
+    assert len(launches) == 1 and launches[0][0][0] == "mma"
+    p = G.GemmParams.from_buffer_copy(launches[0][4])
+    assert p.c != 0 and p.ldc == 1408  # an fp32 da' scratch the elementwise kernel reads
+    (args, kw), = scratch
+    assert args[1:] == (sw.gate, sw.up, sw.act, sw.weights, sw.row_index)
+    assert kw["out"] == (sw.dg, sw.du, sw.dw, sw.aw)
