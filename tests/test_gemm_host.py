@@ -84,12 +84,20 @@ def scratch(host, monkeypatch):
     counter = iter(range(0xB000_0000, 0xC000_0000, 0x100_0000))
     fake.empty = lambda shape, dtype: _Scratch(next(counter))
     fake.float32 = "float32"
+    import cupy_moe.gpu
+
+    name = "cupy_moe.gpu.elementwise"
+    imported_here = name not in sys.modules  # then it binds the stand-in: forget it afterwards
     from cupy_moe.gpu import elementwise
 
     calls = []
     monkeypatch.setattr(elementwise, "swiglu_backward", lambda *a, **k: calls.append((a, k)))
     _Scratch.sums.clear()
-    return calls
+    yield calls
+    if imported_here:
+        sys.modules.pop(name, None)
+        if getattr(cupy_moe.gpu, "elementwise", None) is elementwise:
+            delattr(cupy_moe.gpu, "elementwise")
 
 
 def _swiglu_call(ldc=1408, engine="auto"):
