@@ -78,3 +78,20 @@ def test_gpu_matches_numpy(poisoned_memory, cfg, T, seed, routing):
     from test_gpu_layer import _check  # the end-to-end comparison the GPU layer tests use
 
     _check(cfg, T, routing, seed=seed)
+
+
+@settings(max_examples=20, deadline=None, derandomize=True)
+@given(data=st.data(), W=st.sampled_from([1, 2, 3, 4]), seed=st.integers(0, 2**16))
+def test_expert_parallel_world_equals_one_process(data, W, seed):
+    """Random configs whose experts split over W ranks, random token counts per rank (zeros
+    included), float64: the simulated world computes what one process computes."""
+    from test_parallel import _run_world_with
+
+    per_rank = data.draw(st.integers(1, 4))
+    K = data.draw(st.integers(1, min(3, W * per_rank)))
+    cfg = MoEConfig(hidden_size=data.draw(st.integers(4, 12)), n_routed_experts=W * per_rank,
+                    num_experts_per_tok=K, moe_intermediate_size=data.draw(st.integers(2, 6)),
+                    n_shared_experts=data.draw(st.integers(0, 1)),
+                    norm_topk_prob=data.draw(st.booleans()))
+    sizes = data.draw(st.lists(st.integers(0, 5), min_size=W, max_size=W))
+    _run_world_with(cfg, sizes, seed, np.float64, "random", tol=1e-10)
