@@ -44,13 +44,34 @@ class SingleRankGroup(ExpertParallelGroup):
         return rows.copy()
 
 
+class _BlockAllToAll(ExpertParallelGroup):
+    """Both exchanges over one primitive, _all_to_all(blocks): blocks[d] goes to rank d, the result
+    holds one block from every rank in rank order. Blocks are copies, never views of the sender's
+    arrays."""
+
+    def _all_to_all(self, blocks):
+        raise NotImplementedError
+
+    def exchange_counts(self, table):
+        table = np.asarray(table, dtype=np.int64)
+        return np.stack(self._all_to_all([table[d].copy() for d in range(self.world_size)]))
+
+    def exchange_rows(self, rows, send_counts, recv_counts):
+        ends = np.cumsum(send_counts)
+        got = self._all_to_all([rows[e - c:e].copy() for c, e in zip(send_counts, ends)])
+        for s, (block, n) in enumerate(zip(got, recv_counts)):
+            if len(block) != n:
+                raise RuntimeError(f"rank {self.rank}: expected {n} rows from rank {s}, got {len(block)}")
+        return np.concatenate(got)
+
+
 class _Exchange:
     def __init__(self, world_size: int):
         self.barrier = threading.Barrier(world_size)
         self.boxes = [None] * world_size
 
 
-class ThreadGroup(ExpertParallelGroup):
+class ThreadGroup(_BlockAllToAll):
     """One rank of W simulated in threads of one process (thread_groups(W) makes all W)."""
 
     def __init__(self, exchange: _Exchange, rank: int, world_size: int):
@@ -64,19 +85,6 @@ class ThreadGroup(ExpertParallelGroup):
         x.barrier.wait()  # nobody overwrites a box before everyone has read theirs
         return got
 
-    def exchange_counts(self, table):
-        table = np.asarray(table, dtype=np.int64)
-        return np.stack(self._all_to_all([table[d].copy() for d in range(self.world_size)]))
-
-    def exchange_rows(self, rows, send_counts, recv_counts):
-        ends = np.cumsum(send_counts)
-        blocks = [rows[e - c:e].copy() for c, e in zip(send_counts, ends)]
-        got = self._all_to_all(blocks)
-        for s, (block, n) in enumerate(zip(got, recv_counts)):
-            if len(block) != n:
-                raise RuntimeError(f"rank {self.rank}: expected {n} rows from rank {s}, got {len(block)}")
-        return np.concatenate(got) if got else rows[:0]
-
 
 def thread_groups(world_size: int):
     """The W groups of one simulated expert-parallel world (one per thread)."""
@@ -86,7 +94,7 @@ def thread_groups(world_size: int):
     return [ThreadGroup(exchange, r, world_size) for r in range(world_size)]
 
 
-class QueueGroup(ExpertParallelGroup):
+class QueueGroup(_BlockAllToAll):
     """One rank of W processes on one host, exchanging through multiprocessing queues (one inbox
     per rank). A CPU transport for the NumPy path and for testing launchers; an NCCL group takes
     its place on GPUs. Messages carry (collective number, source), so a fast rank that is already
@@ -114,15 +122,3 @@ class QueueGroup(ExpertParallelGroup):
             else:
                 self._early[(s, src)] = block
         return [got[s] for s in range(self.world_size)]
-
-    def exchange_counts(self, table):
-        table = np.asarray(table, dtype=np.int64)
-        return np.stack(self._all_to_all([table[d].copy() for d in range(self.world_size)]))
-
-    def exchange_rows(self, rows, send_counts, recv_counts):
-        ends = np.cumsum(send_counts)
-        got = self._all_to_all([rows[e - c:e] for c, e in zip(send_counts, ends)])
-        for s, (block, n) in enumerate(zip(got, recv_counts)):
-            if len(block) != n:
-                raise RuntimeError(f"rank {self.rank}: expected {n} rows from rank {s}, got {len(block)}")
-        return np.concatenate(got)
