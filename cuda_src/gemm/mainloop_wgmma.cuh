@@ -360,7 +360,7 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const TileSche
     if (prev >= 0) release(prev);
     if constexpr (Cfg::EPILOGUE == kSwigluBackward)
       swiglu_backward_tile<Cfg>(P.base, tc, acc, wg, warp, lane);
-    else if (Plan<Cfg>::TMA_STORE && (Cfg::GROUPING != kMGrouped || tc.m0 + 64 * (wg + 1) <= tc.m_hi))
+    else if (L::TMA_STORE && (Cfg::GROUPING != kMGrouped || tc.m0 + 64 * (wg + 1) <= tc.m_hi))
       store_tile_tma<Cfg>(P, tc, acc, smem + L::STAGING + wg * L::STAGING_BYTES, wg, tid);
     else
       store_tile_direct<Cfg>(P.base, tc, acc, wg, warp, lane);

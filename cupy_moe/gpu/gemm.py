@@ -115,7 +115,6 @@ class Sm90Config:
     BM = 128
     BK = 64
     THREADS = 384
-    MAX_SMEM = 232448  # sm_90's opt-in limit per block
 
     def smem_bytes(self, num_groups: int) -> int:
         stage = (self.BM + self.BN) * self.BK * 2
@@ -124,10 +123,6 @@ class Sm90Config:
 
     @classmethod
     def choose(cls, m_tiles: int, n: int, sms: int, **flags) -> "Sm90Config":
-        return _choose_sm90(cls, m_tiles, n, sms, tuple(sorted(flags.items())))
-
-    @staticmethod
-    def _choose(cls, m_tiles: int, n: int, sms: int, **flags) -> "Sm90Config":
         """BN: 256 when it tiles n without waste and still gives every SM a tile, 64 for narrow
         outputs, else 128. STAGES: as many as fit next to the scheduler's table."""
         if n % 256 == 0 and m_tiles * (n // 256) >= sms:
@@ -138,11 +133,6 @@ class Sm90Config:
             bn = 128
         stages = {256: 4, 128: 6, 64: 8}[bn] - (flags.get("C_TMA", False) and bn > 64)
         return cls(BN=bn, STAGES=stages, **flags)
-
-
-@lru_cache(maxsize=None)
-def _choose_sm90(cls, m_tiles, n, sms, flags):
-    return cls._choose(cls, m_tiles, n, sms, **dict(flags))
 
 
 def sm90_prelude(cfg: Sm90Config) -> str:
