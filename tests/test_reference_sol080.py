@@ -14,7 +14,7 @@ def _transcription(a):
                                       "shared_expert_up_weight", "router_weight"))
     gate, up, act = f("shared_gate_output"), f("shared_up_output"), f("shared_activated")
     T, H = g.shape
-    I, E = gate.shape[1], wr.shape[0]
+    E = wr.shape[0]
     K = a["topk_indices"].shape[1]
     d_act = bf16(np.einsum("th,hi->ti", g, wd))
     grad_wd = bf16(np.einsum("th,ti->hi", g, act))

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import cupy_moe
-from cupy_moe import MoEConfig, bfloat16
+from cupy_moe import MoEConfig
 from cupy_moe.testing import make_moe_inputs, make_sol080_inputs
 
 CFG = MoEConfig(hidden_size=16, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=8,
