@@ -2,8 +2,10 @@
 [1, 16384]. Checks: no error; no leak (the bytes in use after each call return to the inputs'
 baseline); CuPy's caching pool stays within 10% of what the largest call needed (measured first;
 the slack is the pool's fragmentation under a mix of sizes, and the largest excess is printed);
-every --check-every'th call agrees with the cuBLAS-composed CuPy peer (whose own allocations are
-returned to the device after each check, so they do not count).
+every --check-every'th call agrees with the cuBLAS-composed CuPy peer. The peer allocates from a
+pool of its own, emptied after each check: it neither counts against ours nor resets it (an
+earlier version emptied the default pool after each check, which re-grew it from a smaller call's
+sizes and read as fragmentation).
 Usage: PYTHONPATH=. python bench/endurance.py [--calls 2000] [--check-every 200] [--seed 0]"""
 import argparse
 import sys
@@ -29,7 +31,7 @@ def main(argv=None):
     rng = np.random.default_rng(a.seed)
     full = make_moe_inputs(cfg, Tmax, seed=a.seed, xp=cp, routing="skewed")
     dy_full = make_moe_inputs(cfg, Tmax, seed=a.seed + 1, xp=cp)["hidden_states"]
-    pool = cp.get_default_memory_pool()
+    pool, peer_pool = cp.get_default_memory_pool(), cp.cuda.MemoryPool()
 
     def call(T):
         args = dict(full, hidden_states=full["hidden_states"][:T])
@@ -39,22 +41,23 @@ def main(argv=None):
     call(Tmax)  # the largest call first: its need bounds the pool from here on
     cp.cuda.Device().synchronize()
     bound, baseline = pool.total_bytes(), pool.used_bytes()
-    worst, checks, errors, peak = 0.0, 0, [], bound
+    worst, checks, errors, peak, peak_call = 0.0, 0, [], bound, -1
     for i in range(a.calls):
         T = int(rng.integers(1, Tmax + 1))
         out, ctx, g = call(T)
         if i % a.check_every == 0:
-            p = layer_cupy_peer(dy_full[:T], ctx)
+            with cp.cuda.using_allocator(peer_pool.malloc):
+                p = layer_cupy_peer(dy_full[:T], ctx)
             e = max(relative_error(g.hidden_states, p[0]), relative_error(g.expert_gate_weight, p[2]),
                     relative_error(g.expert_down_weight, p[4]))
             worst, checks = max(worst, e), checks + 1
             if not e < 1e-2:
                 errors.append((i, T, e))
             del p
+            peer_pool.free_all_blocks()
         del out, ctx, g
-        if i % a.check_every == 0:
-            pool.free_all_blocks()
-        peak = max(peak, pool.total_bytes())
+        if pool.total_bytes() > peak:
+            peak, peak_call = pool.total_bytes(), i
         if pool.used_bytes() != baseline:
             errors.append((i, T, f"{pool.used_bytes() - baseline} bytes still in use after the call"))
             break
@@ -63,7 +66,8 @@ def main(argv=None):
             break
     cp.cuda.Device().synchronize()
     print(f"endurance: {i + 1} of {a.calls} calls, T uniform in [1, {Tmax}], largest call's pool "
-          f"{bound / 2**30:.2f} GiB, peak {peak / 2**30:.2f} GiB (+{100 * (peak / bound - 1):.1f}%), "
+          f"{bound / 2**30:.2f} GiB, peak {peak / 2**30:.2f} GiB (+{100 * (peak / bound - 1):.1f}%, "
+          f"first reached at call {peak_call}), "
           f"final {pool.total_bytes() / 2**30:.2f} GiB, in use after calls = inputs' baseline; "
           f"{checks} spot checks vs the CuPy peer, "
           f"worst relative error {worst:.1e}; failures: {errors or 'none'}")

@@ -21,6 +21,9 @@ class MoEContext:
       sorted_slots      [N]    int32    flat slot t*K + k of each sorted row (tokens ascending per expert)
       slot_rows         [N]    int32    sorted row of each flat slot (the inverse permutation)
       gate, up, act     [N, I] bf16     g = x W_g^T, u = x W_u^T, a = silu(g) * u, per sorted row
+      sorted_hidden_states [N, H] bf16  x's rows in this order (GPU path: the operand of the
+                                        expert weight gradients, kept from the forward as training
+                                        frameworks keep permuted tokens; None on the NumPy path)
     Shared expert (None when n_shared_experts == 0):
       shared_gate, shared_up, shared_act [T, I * n_shared_experts] bf16
     Inputs are kept by reference (never copied, never modified): hidden_states, router_weight and
@@ -55,6 +58,7 @@ class MoEContext:
     shared_up: Optional[Any]
     shared_act: Optional[Any]
     expert_parallel: Optional[Any] = None
+    sorted_hidden_states: Optional[Any] = None
 
 
 class MoEGradients(NamedTuple):

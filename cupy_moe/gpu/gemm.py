@@ -154,6 +154,13 @@ def _device_info(device_id: int):
     return dev.compute_capability, dev.attributes["MultiProcessorCount"]
 
 
+def device_sms() -> int:
+    """Streaming multiprocessors of the current device."""
+    import cupy
+
+    return _device_info(cupy.cuda.Device().id)[1]
+
+
 @dataclass
 class Segment:
     """One K segment: A (lda), B (ldb) and its reduction length k (K-grouped: the operands' memory

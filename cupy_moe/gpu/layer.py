@@ -41,7 +41,6 @@ def forward(x, wr, bias, wg, wu, wd, wsg, wsu, wsd, config):
     for weight, out in ((wg, gate), (wu, up)):
         gemm(m=N, n=I, segments=[Segment(x_sorted, H, weight, H, k=H, b_group_stride=I * H)],
              a_kmajor=True, b_kmajor=True, out=out, ldc=I, **grouped)
-    del x_sorted
     act = elementwise.swiglu_forward(gate, up)
     y_sorted = cp.empty((N, H), bfloat16)
     gemm(m=N, n=H, segments=[Segment(act, I, wd, I, k=I, b_group_stride=H * I)],
@@ -57,7 +56,8 @@ def forward(x, wr, bias, wg, wu, wd, wsg, wsu, wsd, config):
         shared_expert_up_weight=wsu, shared_expert_down_weight=wsd, scores=scores,
         topk_indices=idx, topk_weights=w, tokens_per_expert=r.tokens_per_expert,
         expert_offsets=r.expert_offsets, sorted_slots=r.sorted_slots, slot_rows=r.slot_rows,
-        gate=gate, up=up, act=act, shared_gate=shared[0], shared_up=shared[1], shared_act=shared[2])
+        gate=gate, up=up, act=act, shared_gate=shared[0], shared_up=shared[1], shared_act=shared[2],
+        sorted_hidden_states=x_sorted)
     return out, ctx
 
 
@@ -71,9 +71,12 @@ def backward(dy, ctx: MoEContext) -> MoEGradients:
     m_grouped = dict(grouping="m", group_offsets=ctx.expert_offsets, num_groups=E)
     k_grouped = dict(grouping="k", group_offsets=ctx.expert_offsets, num_groups=E)
 
-    # Token rows in the experts' order, so every grouped GEMM below reads plain rows.
+    # Token rows in the experts' order, so every grouped GEMM below reads plain rows (x's from
+    # the forward).
     dy_sorted = elementwise.gather_rows(dy, slots, K)
-    x_sorted = elementwise.gather_rows(x, slots, K)
+    x_sorted = ctx.sorted_hidden_states
+    if x_sorted is None:
+        x_sorted = elementwise.gather_rows(x, slots, K)
     # Routed experts: da' = dy Wd per expert, never stored: the GEMM's epilogue turns it into
     # dg, du, aw = bf16(w a) and dw = <da', a> per row (the SwiGLU backward).
     dg, du, aw = (cp.empty((N, I), bfloat16) for _ in range(3))
@@ -105,8 +108,7 @@ def backward(dy, ctx: MoEContext) -> MoEGradients:
     hi, lo = router.backward_logits(dw_sorted, ctx.slot_rows, ctx.scores, ctx.topk_indices,
                                     ctx.topk_weights, cfg)
     d_router_w = cp.empty((E, H), cp.float32)
-    gemm(m=E, n=H, segments=[Segment(hi, E, x, H, k=T), Segment(lo, E, x, H, k=T)],
-         a_kmajor=False, b_kmajor=False, out=d_router_w, ldc=H, epilogue="f32")
+    router.weight_gradient(hi, lo, x, d_router_w)
     dx_segments = [Segment(hi, E, ctx.router_weight, H, k=E), Segment(lo, E, ctx.router_weight, H, k=E)]
 
     shared = (None, None, None)

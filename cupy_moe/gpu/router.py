@@ -6,9 +6,10 @@ import cupy as cp
 from .. import _build, _launch
 from .._arrays import bfloat16
 from .._launch import cdiv, f32, i32, ptr
-from .gemm import Segment, gemm
+from .gemm import Segment, device_sms, gemm
 
 _WARPS = 4
+_SPLIT_ROWS = 256  # token rows per split at least: the fp32 partials' round trip stays small
 
 
 def _module():
@@ -43,3 +44,37 @@ def backward_logits(dw_sorted, slot_rows, scores, idx, w, config):
                     i32(config.num_experts_per_tok), i32(config.norm_topk_prob),
                     f32(config.routed_scaling_factor), ptr(hi), ptr(lo)])
     return hi, lo
+
+
+def weight_gradient(hi, lo, x, out) -> None:
+    """dL/dW_router [E, H] fp32 = (hi + lo)^T x into out. The reduction runs over all T tokens
+    into one row of output tiles (E <= 128 rows): alone it would keep H / 128 SMs busy, so the
+    tokens are split into K-grouped pieces that fill the GPU, and their fp32 partials are summed
+    in a fixed order (deterministic)."""
+    T, E = hi.shape
+    H = x.shape[1]
+    segments = [Segment(hi, E, x, H, k=T), Segment(lo, E, x, H, k=T)]
+    splits = max(1, min(device_sms() // (cdiv(E, 128) * cdiv(H, 128)), T // _SPLIT_ROWS))
+    if splits == 1:
+        gemm(m=E, n=H, segments=segments, a_kmajor=False, b_kmajor=False, out=out, ldc=H,
+             epilogue="f32")
+        return
+    partial = cp.empty((splits, E, H), cp.float32)
+    gemm(m=E, n=H, segments=segments, a_kmajor=False, b_kmajor=False, out=partial, ldc=H,
+         epilogue="f32", grouping="k", group_offsets=_split_offsets(T, splits), num_groups=splits,
+         c_group_stride=E * H)
+    partial.sum(axis=0, out=out)
+
+
+_offsets = {}
+
+
+def _split_offsets(T: int, splits: int):
+    """int32 [splits + 1] token offsets of equal pieces (cached per device, T and splits)."""
+    key = (cp.cuda.Device().id, T, splits)
+    offsets = _offsets.get(key)
+    if offsets is None:
+        if len(_offsets) >= 256:
+            _offsets.clear()
+        offsets = _offsets[key] = cp.asarray([T * i // splits for i in range(splits + 1)], cp.int32)
+    return offsets

@@ -11,6 +11,7 @@ import cupy as cp
 from .. import _build, _launch
 from .._arrays import bfloat16
 from .._launch import grid_stride_blocks, i32, i64, ptr
+from . import router
 from .gemm import Segment, gemm
 
 
@@ -39,8 +40,7 @@ def sol080_backward(g, x, wr, bias, logits, scores, idx, tw, mask, wg, wu, wd, g
          out=grad_wd, ldc=I)
     gemm(m=2 * I, n=H, segments=[Segment(d_gu, 2 * I, x, H, k=T)], a_kmajor=False, b_kmajor=False,
          out=grad_wgu, ldc=H)
-    gemm(m=E, n=H, segments=[Segment(hi, E, x, H, k=T), Segment(lo, E, x, H, k=T)],
-         a_kmajor=False, b_kmajor=False, out=grad_router, ldc=H, epilogue="f32")
+    router.weight_gradient(hi, lo, x, grad_router)
     gemm(m=T, n=H, segments=[Segment(d_up, 2 * I, wu, H, k=I), Segment(d_gu, 2 * I, wg, H, k=I),
                              Segment(hi, E, wr, H, k=E)],
          a_kmajor=True, b_kmajor=False, out=grad_h, ldc=H)
