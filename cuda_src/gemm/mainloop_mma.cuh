@@ -137,8 +137,8 @@ __device__ __forceinline__ TileCoord locate_tile(const GemmParams& p) {
     t.m_hi = p.m;
     if constexpr (Cfg::GROUPING == kKGrouped) {
       t.group = blockIdx.z;
-      t.k_lo = p.group_offsets[t.group];
-      t.k_hi = p.group_offsets[t.group + 1];
+      t.k_lo = k_group_start(p, t.group);
+      t.k_hi = k_group_start(p, t.group + 1);
     }
   }
   return t;

@@ -62,8 +62,8 @@ struct TileScheduler {
     } else if constexpr (GROUPING == kKGrouped) {
       c.group = mt / tiles_m;
       c.m0 = (mt % tiles_m) * BM;
-      c.k_lo = p.group_offsets[c.group];
-      c.k_hi = p.group_offsets[c.group + 1];
+      c.k_lo = k_group_start(p, c.group);
+      c.k_hi = k_group_start(p, c.group + 1);
     } else {
       c.m0 = mt * BM;
     }

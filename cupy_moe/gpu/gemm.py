@@ -211,7 +211,8 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     grouping='m': rows are experts' segments group_offsets[g]:group_offsets[g+1] of m total rows,
     B of group g at b + g * b_group_stride. grouping='k': group g reduces over memory lines
     group_offsets[g]:group_offsets[g+1] of both (MN-major) operands into C + g * c_group_stride,
-    writing zeros for an empty group. gather_a / gather_b: int32 maps of the operand's memory lines
+    writing zeros for an empty group; without group_offsets, the lines split into num_groups
+    equal pieces (split-K into per-piece partials). gather_a / gather_b: int32 maps of the operand's memory lines
     (line -> map[line] // gather_div). engine: 'auto' (the Hopper main loop when it applies),
     'sm90' (it or ValueError), 'mma' (the portable main loop). epilogue='swiglu_backward' takes
     `swiglu` (out is ignored); where the Hopper loop does not apply, it runs as an fp32 GEMM and

@@ -61,20 +61,6 @@ def weight_gradient(hi, lo, x, out) -> None:
         return
     partial = cp.empty((splits, E, H), cp.float32)
     gemm(m=E, n=H, segments=segments, a_kmajor=False, b_kmajor=False, out=partial, ldc=H,
-         epilogue="f32", grouping="k", group_offsets=_split_offsets(T, splits), num_groups=splits,
-         c_group_stride=E * H)
+         epilogue="f32", grouping="k", num_groups=splits, c_group_stride=E * H)
     partial.sum(axis=0, out=out)
 
-
-_offsets = {}
-
-
-def _split_offsets(T: int, splits: int):
-    """int32 [splits + 1] token offsets of equal pieces (cached per device, T and splits)."""
-    key = (cp.cuda.Device().id, T, splits)
-    offsets = _offsets.get(key)
-    if offsets is None:
-        if len(_offsets) >= 256:
-            _offsets.clear()
-        offsets = _offsets[key] = cp.asarray([T * i // splits for i in range(splits + 1)], cp.int32)
-    return offsets
