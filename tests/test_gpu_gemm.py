@@ -18,19 +18,25 @@ def _f(a):
     return a.astype(np.float32)
 
 
-ENGINES = pytest.mark.parametrize("engine", ["sm90", "mma"])
+ENGINES = pytest.mark.parametrize("engine", ["sm90", "sm90-pingpong", "mma"])
 
 
 def _run(engine, **kw):
-    """gemm() on one main loop; the sm90 case skips shapes that main loop does not take."""
-    from cupy_moe.gpu.gemm import gemm
+    """gemm() on one main loop: 'sm90' the Hopper loop with cooperative consumer warpgroups,
+    'sm90-pingpong' with ping-pong ones, 'mma' the portable loop; the sm90 cases skip shapes that
+    main loop does not take."""
+    from cupy_moe.gpu import gemm
 
+    saved = gemm.PINGPONG
+    gemm.PINGPONG = engine == "sm90-pingpong"
     try:
-        gemm(engine=engine, **kw)
+        gemm.gemm(engine=engine.split("-")[0], **kw)
     except ValueError as exc:
-        if engine == "sm90" and "does not apply" in str(exc):
+        if engine.startswith("sm90") and "does not apply" in str(exc):
             pytest.skip(str(exc))
         raise
+    finally:
+        gemm.PINGPONG = saved
 
 
 def _ld(cols, padded):

@@ -3,8 +3,11 @@
 //
 //   C[m, n] = sum over segments s, k of A_s(m, k) * B_s(k, n)    (bf16 in, fp32 accumulate)
 //
-// Tile BM = 128 rows (64 per consumer warpgroup) x BN columns, BK = 64 reduction elements per
-// stage. Shared-memory layout of an operand tile, the one TMA's SWIZZLE_128B writes and wgmma
+// Tile BM = 128 rows x BN columns, BK = 64 reduction elements per stage. Two ways to share tiles
+// between the consumer warpgroups (Cfg::PINGPONG): cooperative, both work on every tile, 64 rows
+// each (BN up to 256); ping-pong, each owns every other tile whole (two 64-row halves, BN up to
+// 128) and the two take turns at the tensor cores, so one's epilogue runs under the other's main
+// loop (what short reductions and heavy epilogues need). Shared-memory layout of an operand tile, the one TMA's SWIZZLE_128B writes and wgmma
 // reads (base 1024-byte aligned, 16-byte chunk c of a 128-byte row r stored at chunk c ^ (r % 8)):
 //   K-major  [rows][64 k]                       one 128-byte row per m (or n)
 //   MN-major [MN / 64 atoms][64 k][64 mn]       one 128-byte row per k, atoms 8 KB apart
@@ -40,16 +43,22 @@ struct Plan {
   static constexpr int A_BYTES = BM * BK * 2, B_BYTES = Cfg::BN * BK * 2;
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
   static constexpr u32 TMA_BYTES = (CPA_A ? 0 : A_BYTES) + (CPA_B ? 0 : B_BYTES);
+  static constexpr bool PINGPONG = Cfg::PINGPONG;
+  static constexpr int HALVES = PINGPONG ? 2 : 1;     // 64-row accumulator blocks per warpgroup
+  static constexpr int WG_ROWS = 64 * HALVES;
   static constexpr int STAGING = Cfg::STAGES * STAGE_BYTES;        // per consumer warpgroup:
-  static constexpr int STAGING_BYTES = TMA_STORE ? 64 * Cfg::BN * 2 : 0;  // 64 rows of bf16
+  static constexpr int STAGING_BYTES = TMA_STORE ? WG_ROWS * Cfg::BN * 2 : 0;  // its rows in bf16
   static constexpr int BARRIERS = STAGING + CONSUMER_WARPGROUPS * STAGING_BYTES;  // full, empty
-  static constexpr int SCHEDULE = BARRIERS + 2 * Cfg::STAGES * 8;  // TileScheduler::tile_start
+  static constexpr int TURNS = BARRIERS + 2 * Cfg::STAGES * 8;     // ping-pong: whose MMAs next
+  static constexpr int SCHEDULE = TURNS + 2 * 8;                   // TileScheduler::tile_start
   static constexpr int FULL_ARRIVALS = 1 + (CPA ? PRODUCER_THREADS : 0);
   static constexpr int CPA_LAG = Cfg::STAGES - 2;  // cp.async stages in flight past the newest
-  static constexpr int EMPTY_ARRIVALS = CONSUMER_WARPGROUPS * 4;  // lane 0 of each consumer warp
+  // Lane 0 of each warp that reads a stage: both consumer warpgroups', or its owner's.
+  static constexpr int EMPTY_ARRIVALS = (PINGPONG ? 1 : CONSUMER_WARPGROUPS) * 4;
   // Register split: the producer needs few, each consumer thread holds BN / 2 accumulators.
   static constexpr int PRODUCER_REGS = 56, CONSUMER_REGS = 224;
   static_assert(Cfg::BN == 64 || Cfg::BN == 128 || Cfg::BN == 256, "BN");
+  static_assert(!PINGPONG || Cfg::BN <= 128, "a ping-pong warpgroup holds 128 x BN accumulators");
   static_assert(MAX_SEGMENTS >= 1, "segments");
   static_assert(!Cfg::C_TMA || Cfg::EPILOGUE == kStoreBf16, "TMA stores carry bf16 results");
   static_assert(Cfg::EPILOGUE != kSwigluBackward || Cfg::GROUPING != kKGrouped, "row epilogue");
@@ -163,29 +172,31 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const TileSche
 }
 
 // K-grouped: zero lines [valid, BK) of the stage's TMA-loaded MN-major tiles (one 128-byte row
-// per line and atom), by both consumer warpgroups before either issues its MMAs.
+// per line and atom), by the `threads` consumer threads that read the stage (barrier `bar`)
+// before any of them issues its MMAs.
 template <class Cfg>
-__device__ __forceinline__ void mask_lines(u8* stage, int valid, int tid) {
+__device__ __forceinline__ void mask_lines(u8* stage, int valid, int tid, int threads, int bar) {
   using L = Plan<Cfg>;
   constexpr int ATOMS_A = L::MASK_A ? BM / 64 : 0, ATOMS = ATOMS_A + (L::MASK_B ? Cfg::BN / 64 : 0);
   const int chunks = (BK - valid) * 8 * ATOMS;
-  for (int i = tid; i < chunks; i += 128 * CONSUMER_WARPGROUPS) {
+  for (int i = tid; i < chunks; i += threads) {
     const int atom = i / ((BK - valid) * 8), rest = i % ((BK - valid) * 8);
     u8* tile = atom < ATOMS_A ? stage + atom * ATOM_BYTES
                               : stage + L::A_BYTES + (atom - ATOMS_A) * ATOM_BYTES;
     *(uint4*)(tile + (valid + rest / 8) * 128 + (rest % 8) * 16) = make_uint4(0, 0, 0, 0);
   }
   fence_proxy_async();
-  named_barrier(1, 128 * CONSUMER_WARPGROUPS);
+  named_barrier(bar, threads);
 }
 
 // Accumulator fragment of wgmma m64nN: warp w of the warpgroup owns rows 16w..16w+15; for each
 // 8-column block j, d[4j + 2h + e] is row 16w + lane / 4 + 8h, column 8j + 2 (lane % 4) + e.
+// row_off: the first of the block's 64 rows within the tile.
 template <class Cfg>
 __device__ __forceinline__ void store_tile_direct(const GemmParams& p, const Tile& tc,
-                                                  const float (&acc)[Cfg::BN / 2], int wg, int warp, int lane) {
+                                                  const float (&acc)[Cfg::BN / 2], int row_off, int warp, int lane) {
   const i64 c_off = Cfg::GROUPING == kKGrouped ? (i64)tc.group * p.c_group_stride : 0;
-  const int row0 = tc.m0 + 64 * wg + 16 * warp + lane / 4;
+  const int row0 = tc.m0 + row_off + 16 * warp + lane / 4;
   const int col0 = tc.n0 + 2 * (lane % 4);
   #pragma unroll
   for (int j = 0; j < Cfg::BN / 8; ++j) {
@@ -217,9 +228,11 @@ __device__ __forceinline__ void store_tile_direct(const GemmParams& p, const Til
 // column blocks at a time, all loads before any store, so their latencies overlap.
 template <class Cfg>
 __device__ __forceinline__ void swiglu_backward_tile(const GemmParams& p, const Tile& tc,
-                                                     const float (&acc)[Cfg::BN / 2], int wg, int warp, int lane) {
-  constexpr int JB = 8;  // 8-column blocks per batch
-  const int row0 = tc.m0 + 64 * wg + 16 * warp + lane / 4;
+                                                     const float (&acc)[Cfg::BN / 2], int row_off, int warp, int lane) {
+  // 8-column blocks per batch; a ping-pong warpgroup holds twice the accumulators, and the other
+  // warpgroup's MMAs hide its epilogue anyway.
+  constexpr int JB = Plan<Cfg>::PINGPONG ? 4 : 8;
+  const int row0 = tc.m0 + row_off + 16 * warp + lane / 4;
   const int col0 = tc.n0 + 2 * (lane % 4);
   const bool routed = p.e_aw != nullptr;
   float w[2], dot[2] = {0.f, 0.f};
@@ -279,24 +292,28 @@ __device__ __forceinline__ void swiglu_backward_tile(const GemmParams& p, const 
   }
 }
 
-// bf16 tile of one warpgroup (64 rows) through its shared-memory staging buffer (64-column
-// sub-tiles, 128-byte swizzled: conflict-free writes) and TMA stores, which clip at the tensor's
-// edges. The store runs while the warpgroup goes on with its next tile; the staging buffer is
-// reused only after the previous store has read it.
+// bf16 rows of one warpgroup (its 64-row blocks) through its shared-memory staging buffer
+// (64 x 64 sub-tiles, 128-byte swizzled: conflict-free writes) and TMA stores, which clip at the
+// tensor's edges. The store runs while the warpgroup goes on with its next tile; the staging
+// buffer is reused only after the previous store has read it. row_off: the first block's row.
 template <class Cfg>
 __device__ __forceinline__ void store_tile_tma(const GemmSm90Params& P, const Tile& tc,
-                                               const float (&acc)[Cfg::BN / 2], u8* staging, int wg,
-                                               int tid) {
+                                               const float (&acc)[Plan<Cfg>::HALVES][Cfg::BN / 2],
+                                               u8* staging, int row_off, int wg, int tid) {
+  constexpr int HV = Plan<Cfg>::HALVES, ATOMS = Cfg::BN / 64;
   const int warp = tid / 32, lane = tid % 32;
   if (tid == 0) bulk_wait_read();
   named_barrier(2 + wg, 128);
   #pragma unroll
-  for (int j = 0; j < Cfg::BN / 8; ++j) {
+  for (int b = 0; b < HV; ++b) {
     #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = 16 * warp + lane / 4 + 8 * h;
-      u8* dst = staging + (j / 8) * (64 * 128) + r * 128 + (((j % 8) ^ (r % 8)) << 4) + 4 * (lane % 4);
-      *(u32*)dst = pack_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+    for (int j = 0; j < Cfg::BN / 8; ++j) {
+      #pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = 16 * warp + lane / 4 + 8 * h;
+        u8* dst = staging + (b * ATOMS + j / 8) * (64 * 128) + r * 128 + (((j % 8) ^ (r % 8)) << 4) + 4 * (lane % 4);
+        *(u32*)dst = pack_bf16x2(acc[b][4 * j + 2 * h], acc[b][4 * j + 2 * h + 1]);
+      }
     }
   }
   fence_proxy_async();
@@ -304,66 +321,105 @@ __device__ __forceinline__ void store_tile_tma(const GemmSm90Params& P, const Ti
   if (tid == 0) {
     const int group = Cfg::GROUPING == kKGrouped ? tc.group : 0;
     #pragma unroll
-    for (int a = 0; a < Cfg::BN / 64; ++a)
-      tma_store_3d(&P.tma_c, staging + a * (64 * 128), tc.n0 + 64 * a, tc.m0 + 64 * wg, group);
+    for (int b = 0; b < HV; ++b)
+      #pragma unroll
+      for (int a = 0; a < ATOMS; ++a)
+        tma_store_3d(&P.tma_c, staging + (b * ATOMS + a) * (64 * 128), tc.n0 + 64 * a,
+                     tc.m0 + row_off + 64 * b, group);
     bulk_commit();
   }
 }
 
+// A consumer warpgroup's tiles: all of them (cooperative, rows 64 wg ... 64 wg + 63 of each) or
+// every other one (ping-pong: wg owns the CTA's tiles i with i % 2 == wg, skipping the stages of
+// the others', and waits for its turn at the tensor cores: turn[wg] completes when the other
+// warpgroup has issued its previous tile's MMAs).
 template <class Cfg>
 __device__ __forceinline__ void consumer(const GemmSm90Params& P, const TileScheduler<BM, Cfg::BN, Cfg::GROUPING>& sched,
-                                         u8* smem, u64* full, u64* empty, int wg, int tid) {
+                                         u8* smem, u64* full, u64* empty, u64* turn, int wg, int tid) {
   using L = Plan<Cfg>;
-  constexpr int BN = Cfg::BN;
+  constexpr int BN = Cfg::BN, HV = L::HALVES;
   const int warp = tid / 32, lane = tid % 32;
-  float acc[BN / 2];
-  int stage = 0;
+  float acc[HV][BN / 2];
+  int stage = 0, mine = 0;
   u32 phase = 0;
   auto release = [&](int s) {
     __syncwarp();
     if (lane == 0) mbar_arrive(&empty[s]);
   };
-  for (int t = blockIdx.x; t < sched.total; t += gridDim.x) {
+  // Row offset of accumulator block b within the tile.
+  auto row_off = [&](int b) { return L::PINGPONG ? 64 * b : 64 * wg; };
+  for (int t = blockIdx.x, i = 0; t < sched.total; t += gridDim.x, ++i) {
     const Tile tc = sched.tile(t);
     const int nk = sched.template k_tiles<BK>(tc);
+    if constexpr (L::PINGPONG) {
+      if (i % 2 != wg) {  // the other warpgroup's tile: its stages pass by
+        const int s = stage + nk;
+        phase ^= (s / Cfg::STAGES) & 1;
+        stage = s % Cfg::STAGES;
+        continue;
+      }
+      if (i > 0) mbar_wait(&turn[wg], (mine - (wg == 0)) & 1);
+    }
     #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+    for (int b = 0; b < HV; ++b)
+      #pragma unroll
+      for (int j = 0; j < BN / 2; ++j) acc[b][j] = 0.f;
     int prev = -1;
     for (int kt = 0; kt < nk; ++kt) {
       mbar_wait(&full[stage], phase);
       if constexpr (L::MASK_A || L::MASK_B) {
         const int seg_tiles = (tc.k_hi - tc.k_lo + BK - 1) / BK;
         const int valid = tc.k_hi - tc.k_lo - (kt % seg_tiles) * BK;
-        if (valid < BK) mask_lines<Cfg>(smem + stage * L::STAGE_BYTES, valid, tid + 128 * wg);
+        if (valid < BK) {
+          if constexpr (L::PINGPONG) mask_lines<Cfg>(smem + stage * L::STAGE_BYTES, valid, tid, 128, 4 + wg);
+          else mask_lines<Cfg>(smem + stage * L::STAGE_BYTES, valid, tid + 128 * wg, 256, 1);
+        }
       }
       const u32 a_tile = smem_addr(smem + stage * L::STAGE_BYTES);
       const u32 b_tile = a_tile + L::A_BYTES;
-      fence_operands(acc);
+      #pragma unroll
+      for (int b = 0; b < HV; ++b) fence_operands(acc[b]);
       wgmma_fence();
       #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk) {
-        const u64 da = Cfg::A_KMAJOR ? smem_desc_sw128(a_tile + wg * 64 * 128 + kk * 32, 16, 1024)
-                                     : smem_desc_sw128(a_tile + wg * ATOM_BYTES + kk * 2048, ATOM_BYTES, 1024);
         const u64 db = Cfg::B_KMAJOR ? smem_desc_sw128(b_tile + kk * 32, 16, 1024)
                                      : smem_desc_sw128(b_tile + kk * 2048, ATOM_BYTES, 1024);
-        wgmma_m64k16<BN, Cfg::A_KMAJOR ? 0 : 1, Cfg::B_KMAJOR ? 0 : 1>(acc, da, db, 1);
+        #pragma unroll
+        for (int b = 0; b < HV; ++b) {
+          const int rb = row_off(b) / 64;  // the 64-row block of A
+          const u64 da = Cfg::A_KMAJOR ? smem_desc_sw128(a_tile + rb * 64 * 128 + kk * 32, 16, 1024)
+                                       : smem_desc_sw128(a_tile + rb * ATOM_BYTES + kk * 2048, ATOM_BYTES, 1024);
+          wgmma_m64k16<BN, Cfg::A_KMAJOR ? 0 : 1, Cfg::B_KMAJOR ? 0 : 1>(acc[b], da, db, 1);
+        }
       }
       wgmma_commit();
-      fence_operands(acc);
+      #pragma unroll
+      for (int b = 0; b < HV; ++b) fence_operands(acc[b]);
       wgmma_wait<1>();  // the previous stage's MMAs are done: hand its buffers back
       if (prev >= 0) release(prev);
       prev = stage;
       if (++stage == Cfg::STAGES) { stage = 0; phase ^= 1; }
     }
+    if constexpr (L::PINGPONG) {
+      if (tid == 0) mbar_arrive(&turn[wg ^ 1]);  // all MMAs issued: the other warpgroup's turn
+      ++mine;
+    }
     wgmma_wait<0>();
-    fence_operands(acc);
+    #pragma unroll
+    for (int b = 0; b < HV; ++b) fence_operands(acc[b]);
     if (prev >= 0) release(prev);
-    if constexpr (Cfg::EPILOGUE == kSwigluBackward)
-      swiglu_backward_tile<Cfg>(P.base, tc, acc, wg, warp, lane);
-    else if (L::TMA_STORE && (Cfg::GROUPING != kMGrouped || tc.m0 + 64 * (wg + 1) <= tc.m_hi))
-      store_tile_tma<Cfg>(P, tc, acc, smem + L::STAGING + wg * L::STAGING_BYTES, wg, tid);
-    else
-      store_tile_direct<Cfg>(P.base, tc, acc, wg, warp, lane);
+    if (L::TMA_STORE && (Cfg::GROUPING != kMGrouped || tc.m0 + row_off(0) + L::WG_ROWS <= tc.m_hi)) {
+      store_tile_tma<Cfg>(P, tc, acc, smem + L::STAGING + wg * L::STAGING_BYTES, row_off(0), wg, tid);
+    } else {
+      #pragma unroll
+      for (int b = 0; b < HV; ++b) {
+        if constexpr (Cfg::EPILOGUE == kSwigluBackward)
+          swiglu_backward_tile<Cfg>(P.base, tc, acc[b], row_off(b), warp, lane);
+        else
+          store_tile_direct<Cfg>(P.base, tc, acc[b], row_off(b), warp, lane);
+      }
+    }
   }
   if (L::TMA_STORE && tid == 0) bulk_wait();
 }
@@ -375,6 +431,7 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
   u8* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   u64* full = (u64*)(smem + L::BARRIERS);
   u64* empty = full + Cfg::STAGES;
+  u64* turn = (u64*)(smem + L::TURNS);
   int* tile_start = (int*)(smem + L::SCHEDULE);
   const int tid = threadIdx.x;
   if (tid == 0) {
@@ -382,6 +439,8 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
       mbar_init(&full[s], L::FULL_ARRIVALS);
       mbar_init(&empty[s], L::EMPTY_ARRIVALS);
     }
+    mbar_init(&turn[0], 1);
+    mbar_init(&turn[1], 1);
     fence_barrier_init();
   }
   if constexpr (Cfg::GROUPING == kMGrouped) {
@@ -395,7 +454,7 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
   } else {
     setmaxnreg_inc<L::CONSUMER_REGS>();
     const int c = tid - PRODUCER_THREADS;
-    consumer<Cfg>(P, sched, smem, full, empty, c / 128, c % 128);
+    consumer<Cfg>(P, sched, smem, full, empty, turn, c / 128, c % 128);
   }
 }
 

@@ -11,6 +11,7 @@ warp-specialised, persistent) whenever the device is sm_90 and every address and
 from __future__ import annotations
 
 import ctypes
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
@@ -20,6 +21,11 @@ from .._launch import cdiv
 from .tma import TmaDesc, encode_bf16
 
 MAX_SEGMENTS = 4
+# Which way the Hopper loop's consumer warpgroups share tiles: "auto" (ping-pong where the
+# reduction per tile is short or the epilogue heavy: K-grouped GEMMs and the SwiGLU backward,
+# cooperative elsewhere), or True / False for every GEMM (tests and benchmarks compare both;
+# CUPY_MOE_PINGPONG=1 / 0 sets it for a process).
+PINGPONG = {"1": True, "0": False}.get(os.environ.get("CUPY_MOE_PINGPONG", ""), "auto")
 GROUPINGS = {"none": 0, "m": 1, "k": 2}
 EPILOGUES = {"bf16": 0, "f32": 1, "f32_accumulate": 2, "swiglu_backward": 3}
 ENGINES = ("auto", "sm90", "mma")
@@ -111,20 +117,30 @@ class Sm90Config:
     GROUPING: int = 0
     EPILOGUE: int = 0
     C_TMA: bool = False  # bf16 results leave through shared memory and TMA stores
+    PINGPONG: bool = False  # consumer warpgroups take whole tiles in turn (else share each tile)
 
     BM = 128
     BK = 64
     THREADS = 384
+    SMEM_LIMIT = 227 * 1024  # sm_90's opt-in shared memory per block
 
     def smem_bytes(self, num_groups: int) -> int:
         stage = (self.BM + self.BN) * self.BK * 2
-        staging = self.BM * self.BN * 2 if self.C_TMA else 0
-        return 1024 + self.STAGES * (stage + 16) + staging + 4 * (num_groups + 1)
+        staging = (2 if self.PINGPONG else 1) * self.BM * self.BN * 2 if self.C_TMA else 0
+        return 1024 + self.STAGES * (stage + 16) + staging + 16 + 4 * (num_groups + 1)
 
     @classmethod
-    def choose(cls, m_tiles: int, n: int, sms: int, **flags) -> "Sm90Config":
-        """BN: 256 when it tiles n without waste and still gives every SM a tile, 64 for narrow
-        outputs, else 128. STAGES: as many as fit next to the scheduler's table."""
+    def choose(cls, m_tiles: int, n: int, sms: int, num_groups: int = 0, pingpong: bool = False,
+               **flags) -> "Sm90Config":
+        """Cooperative: BN 256 when it tiles n without waste and still gives every SM a tile, 64
+        for narrow outputs, else 128. Ping-pong: BN 64 for narrow outputs, else 128 (a warpgroup
+        holds the whole 128 x BN accumulator). STAGES: as many as fit (at most 8)."""
+        if pingpong:
+            bn = 64 if n <= 64 else 128
+            probe = cls(BN=bn, STAGES=0, PINGPONG=True, **flags)
+            stages = min(8, (cls.SMEM_LIMIT - probe.smem_bytes(num_groups))
+                         // ((cls.BM + bn) * cls.BK * 2 + 16))
+            return cls(BN=bn, STAGES=stages, PINGPONG=True, **flags)
         if n % 256 == 0 and m_tiles * (n // 256) >= sms:
             bn = 256
         elif n <= 64:
@@ -229,7 +245,7 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
 
     opt = lambda a: 0 if a is None else _addr(a)
     sw = swiglu if epilogue == "swiglu_backward" else None
-    key = (cupy.cuda.Device().id, m, n, a_kmajor, b_kmajor, opt(out), ldc, epilogue, grouping,
+    key = (cupy.cuda.Device().id, PINGPONG, m, n, a_kmajor, b_kmajor, opt(out), ldc, epilogue, grouping,
            opt(group_offsets), num_groups, c_group_stride, opt(gather_a), opt(gather_b),
            gather_div, engine,
            tuple((_addr(s.a), s.lda, _addr(s.b), s.ldb, s.k, s.b_group_stride) for s in segments),
@@ -350,7 +366,12 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags) -> _Launch:
     _, sms = _device_info(cupy.cuda.Device().id)
     m_tiles = cdiv(m, Sm90Config.BM) + (num_groups if grouping == "m" else 0)
     c_tma = (flags["EPILOGUE"] == EPILOGUES["bf16"] and p.ldc % 8 == 0 and p.c_group_stride % 8 == 0)
-    cfg = Sm90Config.choose(m_tiles, n, sms, C_TMA=c_tma, **flags)
+    if PINGPONG == "auto":
+        pingpong = grouping == "k" or flags["EPILOGUE"] == EPILOGUES["swiglu_backward"]
+    else:
+        pingpong = bool(PINGPONG)
+    cfg = Sm90Config.choose(m_tiles, n, sms, num_groups if grouping == "m" else 0, pingpong,
+                            C_TMA=c_tma, **flags)
     P = GemmSm90Params()
     P.base = p
     if c_tma:
@@ -428,4 +449,10 @@ def example_sm90_configs():
             out.append(Sm90Config(BN=bn, STAGES=stages - (c_tma and bn > 64), A_KMAJOR=a_k,
                                   B_KMAJOR=b_k, GATHER_A=gather_a, GATHER_B=gather_b,
                                   GROUPING=grouping, EPILOGUE=epi, C_TMA=c_tma))
+            if bn <= 128:
+                for c_tma in {epi == 0, False}:
+                    out.append(Sm90Config.choose(
+                        1, bn, 132, 128 if grouping == 1 else 0, True, A_KMAJOR=a_k,
+                        B_KMAJOR=b_k, GATHER_A=gather_a, GATHER_B=gather_b, GROUPING=grouping,
+                        EPILOGUE=epi, C_TMA=c_tma))
     return out
