@@ -21,10 +21,11 @@ from .._launch import cdiv
 from .tma import TmaDesc, encode_bf16
 
 MAX_SEGMENTS = 4
-# Which way the Hopper loop's consumer warpgroups share tiles: "auto" (ping-pong where the
-# reduction per tile is short or the epilogue heavy: K-grouped GEMMs and the SwiGLU backward,
-# cooperative elsewhere), or True / False for every GEMM (tests and benchmarks compare both;
-# CUPY_MOE_PINGPONG=1 / 0 sets it for a process).
+# Which way the Hopper loop's consumer warpgroups share tiles: "auto" (ping-pong for K-grouped
+# GEMMs whose n the 256-wide cooperative tile does not divide: their short per-expert reductions
+# gain from the hidden epilogue; cooperative elsewhere, where 128 x 256 tiles need less shared-
+# memory bandwidth per FLOP than ping-pong's 128 x 128, bench/NOTES.md v0.3), or True / False for
+# every GEMM (tests and benchmarks compare both; CUPY_MOE_PINGPONG=1 / 0 sets it for a process).
 PINGPONG = {"1": True, "0": False}.get(os.environ.get("CUPY_MOE_PINGPONG", ""), "auto")
 GROUPINGS = {"none": 0, "m": 1, "k": 2}
 EPILOGUES = {"bf16": 0, "f32": 1, "f32_accumulate": 2, "swiglu_backward": 3}
@@ -367,7 +368,7 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags) -> _Launch:
     m_tiles = cdiv(m, Sm90Config.BM) + (num_groups if grouping == "m" else 0)
     c_tma = (flags["EPILOGUE"] == EPILOGUES["bf16"] and p.ldc % 8 == 0 and p.c_group_stride % 8 == 0)
     if PINGPONG == "auto":
-        pingpong = grouping == "k" or flags["EPILOGUE"] == EPILOGUES["swiglu_backward"]
+        pingpong = grouping == "k" and n % 256 != 0
     else:
         pingpong = bool(PINGPONG)
     cfg = Sm90Config.choose(m_tiles, n, sms, num_groups if grouping == "m" else 0, pingpong,
