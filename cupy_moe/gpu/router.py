@@ -5,7 +5,7 @@ import cupy as cp
 
 from .. import _build, _launch
 from .._arrays import bfloat16
-from .._launch import cdiv, f32, i32, ptr
+from .._launch import cdiv, f32, grid_stride_blocks, i32, i64, ptr
 from .gemm import Segment, device_sms, gemm
 
 _WARPS = 4
@@ -46,21 +46,29 @@ def backward_logits(dw_sorted, slot_rows, scores, idx, w, config):
     return hi, lo
 
 
-def weight_gradient(hi, lo, x, out) -> None:
-    """dL/dW_router [E, H] fp32 = (hi + lo)^T x into out. The reduction runs over all T tokens
-    into one row of output tiles (E <= 128 rows): alone it would keep H / 128 SMs busy, so the
-    tokens are split into K-grouped pieces that fill the GPU, and their fp32 partials are summed
+def weight_gradient_splits(T: int, E: int, H: int) -> int:
+    """Pieces the router weight gradient's token reduction is split into (1: none). Alone it
+    would fill only one row of output tiles (E <= 128 rows, H / 128 SMs busy), so the tokens are
+    split until the GPU is full, keeping at least _SPLIT_ROWS tokens per piece."""
+    return max(1, min(device_sms() // (cdiv(E, 128) * cdiv(H, 128)), T // _SPLIT_ROWS))
+
+
+def weight_gradient(hi, lo, x, out, partial=None) -> None:
+    """dL/dW_router [E, H] fp32 = (hi + lo)^T x into out: K-grouped pieces of the tokens
+    (weight_gradient_splits) into fp32 partials [splits, E, H] (given, or allocated here), summed
     in a fixed order (deterministic)."""
     T, E = hi.shape
     H = x.shape[1]
     segments = [Segment(hi, E, x, H, k=T), Segment(lo, E, x, H, k=T)]
-    splits = max(1, min(device_sms() // (cdiv(E, 128) * cdiv(H, 128)), T // _SPLIT_ROWS))
+    splits = weight_gradient_splits(T, E, H)
     if splits == 1:
         gemm(m=E, n=H, segments=segments, a_kmajor=False, b_kmajor=False, out=out, ldc=H,
              epilogue="f32")
         return
-    partial = cp.empty((splits, E, H), cp.float32)
+    if partial is None:
+        partial = cp.empty((splits, E, H), cp.float32)
     gemm(m=E, n=H, segments=segments, a_kmajor=False, b_kmajor=False, out=partial, ldc=H,
          epilogue="f32", grouping="k", num_groups=splits, c_group_stride=E * H)
-    partial.sum(axis=0, out=out)
-
+    n = E * H
+    _launch.launch(_module(), "sum_splits", (grid_stride_blocks(n),), (256,),
+                   [ptr(partial), i32(splits), i64(n), ptr(out)])
