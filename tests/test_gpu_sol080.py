@@ -107,5 +107,5 @@ def test_repeated_calls_replay_a_graph_that_reads_current_inputs():
         for x, w in zip(g, want):
             np.testing.assert_array_equal(x, w)
     ref = cupy_moe.sol080_backward(**{k: v.get() for k, v in a.items()})
-    for i in (0, 2, 3, 4):  # grad_router_weight is rounding residue (sol080.md): the pass rule's
+    for i in (0, 2, 3, 4):  # grad_router_weight is fp32 rounding residue (sol080.md; the tests above)
         assert relative_error(want[i].astype(np.float32), ref[i].astype(np.float32)) < 1e-2
