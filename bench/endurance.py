@@ -6,9 +6,13 @@ every --check-every'th call agrees with the cuBLAS-composed CuPy peer. The peer 
 pool of its own, emptied after each check: it neither counts against ours nor resets it (an
 earlier version emptied the default pool after each check, which re-grew it from a smaller call's
 sizes and read as fragmentation).
-Usage: PYTHONPATH=. python bench/endurance.py [--calls 2000] [--check-every 200] [--seed 0]"""
+Progress (calls done, seconds, pool size) is printed at every check; --time-limit stops early
+(the report then says how many calls ran).
+Usage: PYTHONPATH=. python bench/endurance.py [--calls 2000] [--check-every 200] [--seed 0]
+       [--time-limit SECONDS]"""
 import argparse
 import sys
+import time
 
 import numpy as np
 
@@ -25,6 +29,7 @@ def main(argv=None):
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--check-every", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--time-limit", type=float, default=float("inf"))
     a = ap.parse_args(argv)
     cfg = cupy_moe.MoEConfig.glm45_air()
     Tmax = 16384
@@ -42,6 +47,7 @@ def main(argv=None):
     cp.cuda.Device().synchronize()
     bound, baseline = pool.total_bytes(), pool.used_bytes()
     worst, checks, errors, peak, peak_call = 0.0, 0, [], bound, -1
+    start = time.perf_counter()
     for i in range(a.calls):
         T = int(rng.integers(1, Tmax + 1))
         out, ctx, g = call(T)
@@ -55,6 +61,8 @@ def main(argv=None):
                 errors.append((i, T, e))
             del p
             peer_pool.free_all_blocks()
+            print(f"  call {i}: {time.perf_counter() - start:.1f} s, pool "
+                  f"{pool.total_bytes() / 2**30:.2f} GiB, worst error so far {worst:.1e}", flush=True)
         del out, ctx, g
         if pool.total_bytes() > peak:
             peak, peak_call = pool.total_bytes(), i
@@ -64,8 +72,10 @@ def main(argv=None):
         if pool.total_bytes() > 1.10 * bound:
             errors.append((i, T, f"pool grew to {pool.total_bytes()} > 1.1 x {bound}"))
             break
+        if time.perf_counter() - start > a.time_limit:
+            break
     cp.cuda.Device().synchronize()
-    print(f"endurance: {i + 1} of {a.calls} calls, T uniform in [1, {Tmax}], largest call's pool "
+    print(f"endurance: {i + 1} of {a.calls} calls in {time.perf_counter() - start:.0f} s, T uniform in [1, {Tmax}], largest call's pool "
           f"{bound / 2**30:.2f} GiB, peak {peak / 2**30:.2f} GiB (+{100 * (peak / bound - 1):.1f}%, "
           f"first reached at call {peak_call}), "
           f"final {pool.total_bytes() / 2**30:.2f} GiB, in use after calls = inputs' baseline; "
