@@ -18,7 +18,7 @@ extern "C" __global__ void sol080_swiglu_backward(const bf16_t* __restrict__ d_a
   }
 }
 
-// One block per token: q = sum_h g^2 / K (fixed-order tree), c = (q - sum_k q w_k / S) / S with
+// One block per token: q = sum_h g^2 / K (per-thread sums, then a fixed-order tree), c = (q - sum_k q w_k / S) / S with
 // S = sum_k w_k + 1e-20; grl[t, e] = (sum over k with idx == e of c) * mask * s (1 - s), written
 // as bf16 hi (= the contract's bf16(grl)) and lo = bf16(grl - hi).
 constexpr int kTokThreads = 256;
@@ -32,9 +32,22 @@ sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ top
   __shared__ float c_shared;
   const int t = blockIdx.x;
   float sq = 0.f;
-  for (int h = threadIdx.x; h < H; h += kTokThreads) {
-    const float v = bf16_to_f32(grad_out[(i64)t * H + h]);
-    sq += v * v;
+  const bf16_t* row = grad_out + (i64)t * H;
+  if (H % 8 == 0 && ((unsigned long long)grad_out & 15) == 0) {  // 16-byte loads: 8 values each
+    for (int c = threadIdx.x; c < H / 8; c += kTokThreads) {
+      const uint4 v = *(const uint4*)(row + 8 * c);
+      const u32 w[4] = {v.x, v.y, v.z, v.w};
+      #pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float a = bf16_to_f32((bf16_t)(w[q] & 0xffff)), b = bf16_to_f32((bf16_t)(w[q] >> 16));
+        sq += a * a + b * b;
+      }
+    }
+  } else {
+    for (int h = threadIdx.x; h < H; h += kTokThreads) {
+      const float v = bf16_to_f32(row[h]);
+      sq += v * v;
+    }
   }
   partial[threadIdx.x] = sq;
   __syncthreads();

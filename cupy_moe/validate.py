@@ -62,27 +62,45 @@ def _spec(dims) -> str:
     return "(" + ", ".join(str(d) for d in dims) + ")"
 
 
-def check_topk_indices(name: str, idx, n_experts: int) -> None:
+def check_topk_indices(name: str, idx, n_experts: int, defer: bool = False):
     """Every index in [0, n_experts) and no index repeated within a row.
 
     On the GPU path one small kernel checks all rows and the host reads back two ints (one sync);
-    only when a row is bad is that row copied back to word the error.
+    only when a row is bad is that row copied back to word the error. defer=True launches the
+    check and returns a function that completes it (waits, raises), so the caller can prepare
+    its work while the check runs; nothing but the check may run before it returns.
     """
-    if idx.size == 0:
-        return
-    if is_cupy_array(idx):
-        from .gpu.routing import find_bad_topk_rows
+    finish = _topk_check(name, idx, n_experts)
+    if defer:
+        return finish
+    finish()
+    return None
 
-        bad_range, bad_repeat = find_bad_topk_rows(idx, n_experts)
-        rows = idx[bad_range].get() if bad_range is not None else None
-        if rows is not None:
-            bad = next(int(v) for v in rows if v < 0 or v >= n_experts)
-            raise ValueError(f"{name}: expected expert indices in [0, {n_experts}), found {bad} "
-                             f"in row {bad_range}")
-        if bad_repeat is not None:
-            raise ValueError(f"{name}: expected distinct experts within a row, row {bad_repeat} "
-                             f"repeats one: {idx[bad_repeat].get().tolist()}")
-        return
+
+def _topk_check(name, idx, n_experts):
+    if idx.size == 0:
+        return lambda: None
+    if is_cupy_array(idx):
+        from .gpu.routing import start_topk_check
+
+        pending = start_topk_check(idx, n_experts)
+
+        def finish():
+            bad_range, bad_repeat = pending()
+            if bad_range is not None:
+                rows = idx[bad_range].get()
+                bad = next(int(v) for v in rows if v < 0 or v >= n_experts)
+                raise ValueError(f"{name}: expected expert indices in [0, {n_experts}), found {bad} "
+                                 f"in row {bad_range}")
+            if bad_repeat is not None:
+                raise ValueError(f"{name}: expected distinct experts within a row, row {bad_repeat} "
+                                 f"repeats one: {idx[bad_repeat].get().tolist()}")
+        return finish
+    _check_topk_numpy(name, idx, n_experts)
+    return lambda: None
+
+
+def _check_topk_numpy(name, idx, n_experts):
     out_of_range = (idx < 0) | (idx >= n_experts)
     if out_of_range.any():
         row = int(np.argmax(out_of_range.any(axis=1)))
@@ -210,8 +228,9 @@ SOL080_ARGS = (
 )
 
 
-def sol080_args(args: dict):
-    """Check sol080_backward's 15 arguments; returns (xp, dims) with T, H, I, E, K bound."""
+def sol080_args(args: dict, defer_index_check: bool = False):
+    """Check sol080_backward's 15 arguments; returns (xp, dims) with T, H, I, E, K bound, and
+    with defer_index_check the function completing the top-k index check (check_topk_indices)."""
     for name, _, _ in SOL080_ARGS:
         if args[name] is None:
             raise TypeError(f"{name}: expected an array, got None")
@@ -222,8 +241,9 @@ def sol080_args(args: dict):
     if dims["K"] > dims["E"]:
         raise ValueError(f"topk_indices: expected K <= E = {dims['E']} distinct experts per row, "
                          f"got K = {dims['K']}")
-    check_topk_indices("topk_indices", args["topk_indices"], dims["E"])
-    return xp, dims
+    finish = check_topk_indices("topk_indices", args["topk_indices"], dims["E"],
+                                defer=defer_index_check)
+    return (xp, dims, finish) if defer_index_check else (xp, dims)
 
 
 def array_module_of(args: dict):

@@ -224,8 +224,10 @@ __device__ __forceinline__ void store_tile_direct(const GemmParams& p, const Til
 // SwiGLU backward from the unweighted activation gradient da' (the accumulators, never stored):
 // da = w da'; dg = bf16(da u silu'(g)), du = bf16(da silu(g)); routed experts (e_aw set) also
 // get aw = bf16(w a) and one partial of <da', a> per (row, column tile), summed by the caller in a
-// fixed order. The same fp32 operations as cuda_src/swiglu.cu. Operands are read a batch of
-// column blocks at a time, all loads before any store, so their latencies overlap.
+// fixed order. The same fp32 operations as cuda_src/swiglu.cu, or with e_contract those of
+// cuda_src/sol080.cu (SOL-080's rounding points). dg and du rows are e_ld_grad apart (or ldc).
+// Operands are read a batch of column blocks at a time, all loads before any store, so their
+// latencies overlap.
 template <class Cfg>
 __device__ __forceinline__ void swiglu_backward_tile(const GemmParams& p, const Tile& tc,
                                                      const float (&acc)[Cfg::BN / 2], int row_off, int warp, int lane) {
@@ -235,6 +237,7 @@ __device__ __forceinline__ void swiglu_backward_tile(const GemmParams& p, const 
   const int row0 = tc.m0 + row_off + 16 * warp + lane / 4;
   const int col0 = tc.n0 + 2 * (lane % 4);
   const bool routed = p.e_aw != nullptr;
+  const i64 ld_grad = p.e_ld_grad ? p.e_ld_grad : p.ldc;  // dg and du's rows
   float w[2], dot[2] = {0.f, 0.f};
   #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -261,7 +264,7 @@ __device__ __forceinline__ void swiglu_backward_tile(const GemmParams& p, const 
       for (int h = 0; h < 2; ++h) {
         const int row = row0 + 8 * h, col = col0 + 8 * (jb + j);
         if (row >= tc.m_hi || col >= p.n) continue;
-        const i64 at = (i64)row * p.ldc + col;
+        const i64 at = (i64)row * p.ldc + col, at_grad = (i64)row * ld_grad + col;
         const float d[2] = {acc[4 * (jb + j) + 2 * h], acc[4 * (jb + j) + 2 * h + 1]};
         const u32 gb[2] = {g2[j][h] & 0xffff, g2[j][h] >> 16}, ub[2] = {u2[j][h] & 0xffff, u2[j][h] >> 16};
         float dg[2], du[2];
@@ -269,12 +272,18 @@ __device__ __forceinline__ void swiglu_backward_tile(const GemmParams& p, const 
         for (int e = 0; e < 2; ++e) {
           const float gv = bf16_to_f32(gb[e]), uv = bf16_to_f32(ub[e]);
           const float sg = sigmoid_f32(gv);
-          const float da = w[h] * d[e];
-          dg[e] = da * uv * (sg * (1.f + gv * (1.f - sg)));
-          du[e] = da * (gv * sg);
+          if (p.e_contract) {  // sol080.md: d_act = bf16(.), t = bf16(d_act u), du = d_act bf16(silu(g))
+            const float da = round_bf16(d[e]);
+            dg[e] = round_bf16(da * uv) * sg * (1.f + gv * (1.f - sg));
+            du[e] = da * round_bf16(gv * sg);
+          } else {
+            const float da = w[h] * d[e];
+            dg[e] = da * uv * (sg * (1.f + gv * (1.f - sg)));
+            du[e] = da * (gv * sg);
+          }
         }
-        *(u32*)((bf16_t*)p.e_dg + at) = pack_bf16x2(dg[0], dg[1]);
-        *(u32*)((bf16_t*)p.e_du + at) = pack_bf16x2(du[0], du[1]);
+        *(u32*)((bf16_t*)p.e_dg + at_grad) = pack_bf16x2(dg[0], dg[1]);
+        *(u32*)((bf16_t*)p.e_du + at_grad) = pack_bf16x2(du[0], du[1]);
         if (routed) {
           const float a0 = bf16_to_f32(a2[j][h] & 0xffff), a1 = bf16_to_f32(a2[j][h] >> 16);
           *(u32*)((bf16_t*)p.e_aw + at) = pack_bf16x2(w[h] * a0, w[h] * a1);

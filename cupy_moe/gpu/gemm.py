@@ -47,11 +47,12 @@ class GemmParams(ctypes.Structure):
         ("e_row_weight", ctypes.c_void_p), ("e_row_index", ctypes.c_void_p),
         ("e_dg", ctypes.c_void_p), ("e_du", ctypes.c_void_p),
         ("e_aw", ctypes.c_void_p), ("e_row_partial", ctypes.c_void_p), ("e_partial_ld", ctypes.c_int32),
+        ("e_contract", ctypes.c_int32), ("e_ld_grad", ctypes.c_int64),
     ]
     _c_types_ = ["const void*", "const void*", "i64", "i64", "i64", "int", "int", "void*", "i64",
                  "i64", "int", "int", "const int*", "int", "const int*", "const int*", "int",
                  "const void*", "const void*", "const void*", "const float*", "const int*", "void*", "void*",
-                 "void*", "float*", "int"]
+                 "void*", "float*", "int", "int", "i64"]
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,10 @@ class SwigluBackward:
     """Operands of the SwiGLU-backward epilogue: C (the unweighted gradient da' of the activation,
     never stored) -> dg, du (bf16, like gate), and for routed experts (weights given) aw =
     bf16(w a) and dw[row] = <da', a>, where w of row r is weights[row_index[r]] (or weights[r]).
-    Every [rows, n] array shares C's leading dimension."""
+    Every [rows, n] array shares C's leading dimension, except dg and du with ld_grad (when not
+    0). contract_rounding: SOL-080's rounding points (sol080.md steps 3-4: da' rounded to bf16
+    first, t = bf16(da' u), du = da' bf16(silu(g))), without routing weights; the Hopper loop
+    only (see sm90_applies)."""
 
     gate: object
     up: object
@@ -208,6 +212,8 @@ class SwigluBackward:
     row_index: object = None
     aw: object = None
     dw: object = None
+    ld_grad: int = 0
+    contract_rounding: bool = False
 
 
 def _aligned(*values) -> bool:
@@ -251,7 +257,8 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
            gather_div, engine,
            tuple((_addr(s.a), s.lda, _addr(s.b), s.ldb, s.k, s.b_group_stride) for s in segments),
            None if sw is None else tuple(opt(a) for a in (sw.gate, sw.up, sw.dg, sw.du, sw.act,
-                                                         sw.weights, sw.row_index, sw.aw, sw.dw)))
+                                                         sw.weights, sw.row_index, sw.aw, sw.dw))
+           + (sw.ld_grad, sw.contract_rounding))
     launch = _prepared.get(key)
     if launch is None:
         launch = _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping,
@@ -322,6 +329,7 @@ def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, g
         p.e_gate, p.e_up, p.e_dg, p.e_du = (_addr(a) for a in (sw.gate, sw.up, sw.dg, sw.du))
         p.e_act, p.e_row_weight, p.e_row_index, p.e_aw = (
             0 if a is None else _addr(a) for a in (sw.act, sw.weights, sw.row_index, sw.aw))
+        p.e_ld_grad, p.e_contract = sw.ld_grad, int(sw.contract_rounding)
     flags = dict(A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor, GATHER_A=gather_a is not None,
                  GATHER_B=gather_b is not None, GROUPING=GROUPINGS[grouping],
                  EPILOGUE=EPILOGUES[epilogue])
@@ -332,12 +340,20 @@ def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, g
             return _prepare_sm90(p, segments, m, n, grouping, num_groups, flags)
         if engine == "sm90":
             raise ValueError(f"the sm90 GEMM does not apply: {why}")
+    if sw is not None and (sw.contract_rounding or sw.ld_grad):
+        raise ValueError("the SwiGLU epilogue's contract rounding and ld_grad need the sm90 GEMM")
     if sw is not None:  # the portable loop has no fused epilogue: fp32 da', then the kernel
         launch = _prepare_mma(p, segments, m, n, grouping, num_groups,
                               dict(flags, EPILOGUE=EPILOGUES["f32"]))
         launch.kind, launch.m, launch.n = "unfused", m, n
         return launch
     return _prepare_mma(p, segments, m, n, grouping, num_groups, flags)
+
+
+def sm90_applies(m, n, segments, a_kmajor, b_kmajor, out=None, ldc=None) -> bool:
+    """Whether gemm() takes the Hopper main loop for these operands (no gathers)."""
+    return _sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, n if ldc is None else ldc,
+                             0, False, False) is None
 
 
 def _sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stride, copy_a, copy_b):

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import cupy as cp
+import numpy as np
 
 from .. import _build, _launch
 from .._launch import cdiv, i32, ptr
@@ -42,11 +43,31 @@ def sort(topk_indices, n_experts: int) -> Routing:
     return Routing(slots, rows, offsets, per_expert)
 
 
-def find_bad_topk_rows(topk_indices, n_experts: int):
-    """(first row with an out-of-range index, first row repeating an expert), None where none."""
+_NONE = 0x7F7F7F7F  # the status words' fill (memset bytes 0x7F): above every row index
+_check_buffers = {}  # (device, stream) -> (device status [2] int32, pinned host copy)
+
+
+def start_topk_check(topk_indices, n_experts: int):
+    """Launch the top-k index check on the current stream (one kernel; its two status words go
+    to pinned host memory asynchronously) and return a function that waits for it and returns
+    (first row with an out-of-range index, first row repeating an expert), None where none. The
+    caller can prepare its launches in between; the wait is the check's one host sync."""
+    stream = cp.cuda.get_current_stream()
+    key = (cp.cuda.Device().id, stream.ptr)
+    buffers = _check_buffers.get(key)
+    if buffers is None:
+        pinned = cp.cuda.alloc_pinned_memory(8)
+        buffers = _check_buffers[key] = (cp.empty(2, cp.int32), pinned,
+                                         np.frombuffer(pinned, np.int32, 2))
+    status, _, host = buffers
     T, K = topk_indices.shape
-    status = cp.full(2, 2**31 - 1, cp.int32)
+    cp.cuda.runtime.memsetAsync(status.data.ptr, 0x7F, 8, stream.ptr)
     _launch.launch(_build.load_module("routing.cu"), "check_topk_indices", (cdiv(T, 256),), (256,),
                    [ptr(topk_indices), i32(T), i32(K), i32(n_experts), ptr(status)])
-    bad = status.get()  # the one host sync of the check
-    return tuple(None if int(v) == 2**31 - 1 else int(v) for v in bad)
+    cp.cuda.runtime.memcpyAsync(host.ctypes.data, status.data.ptr, 8,
+                                cp.cuda.runtime.memcpyDeviceToHost, stream.ptr)
+
+    def result():
+        stream.synchronize()
+        return tuple(None if int(v) == _NONE else int(v) for v in host)
+    return result
