@@ -27,7 +27,8 @@ def moe_forward(hidden_states, router_weight, e_score_correction_bias, expert_ga
     passes its own tokens and its E / W experts' weights ([E/W, I, H], ...; rank r owns experts
     r E/W ... (r+1) E/W - 1); router and shared-expert weights are replicated. moe_backward then
     returns this rank's experts' gradients and this rank's share of the router's and shared
-    expert's (to be all-reduced by the caller). NumPy path only for now.
+    expert's (to be all-reduced by the caller). Both paths: NumPy arrays with a CPU group
+    (ThreadGroup, QueueGroup), CuPy arrays with NcclGroup (one GPU per rank) or SingleRankGroup.
     """
     args = dict(hidden_states=hidden_states, router_weight=router_weight,
                 e_score_correction_bias=e_score_correction_bias,
@@ -38,9 +39,6 @@ def moe_forward(hidden_states, router_weight, e_score_correction_bias, expert_ga
                 shared_expert_down_weight=shared_expert_down_weight)
     xp = validate.moe_forward_args(args, config, ep_group)
     if ep_group is not None:
-        if xp is not np:
-            raise NotImplementedError("ep_group: expert parallelism runs on the NumPy path only "
-                                      "so far; the CuPy/NCCL path is not implemented yet")
         from .parallel import layer as ep_layer
         return ep_layer.forward(*args.values(), config, ep_group)
     if xp is np:

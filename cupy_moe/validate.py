@@ -162,6 +162,12 @@ def moe_forward_args(args: dict, config, ep_group=None):
                 raise ValueError(f"{name}: expected an array since config.n_shared_experts = "
                                  f"{config.n_shared_experts}, got None")
     xp = array_module_of(args)
+    if ep_group is not None:
+        module = "numpy" if xp is np else "cupy"
+        if module not in ep_group.array_modules:
+            raise TypeError(f"ep_group: a {type(ep_group).__name__} moves "
+                            f"{' or '.join(ep_group.array_modules)} arrays, got {module}.ndarray "
+                            f"inputs")
     x = args["hidden_states"]
     # bf16 everywhere (both paths), or float64 everywhere (the NumPy gradient-check path).
     floats = (bfloat16,) if xp is not np else (bfloat16, _FLOAT64)

@@ -1,10 +1,10 @@
-"""Expert-parallel MoE layer over W processes of one host (NumPy path, queue transport).
+"""Expert-parallel MoE layer over W processes of one host: NumPy ranks over queues, or with --gpu
+one GPU per rank over NCCL (CuPy arrays, cupy_moe.parallel.NcclGroup; no PyTorch).
 
 Every rank builds the same global inputs from a seed, keeps its T/W tokens and its E/W experts,
 and runs moe_forward / moe_backward with its group; the parent checks that the ranks together
-computed what one process computes on the global inputs. On GPUs the same launcher shape applies
-with an NCCL group (not built yet).
-Usage: python examples/expert_parallel.py [--world 4] [--tokens 96]
+computed what one process computes on the global inputs (the NumPy reference).
+Usage: python examples/expert_parallel.py [--world 4] [--tokens 96] [--gpu]
 """
 import argparse
 import sys
@@ -34,9 +34,13 @@ def shard(n, world_size, rank):
     return slice(cuts[rank], cuts[rank + 1])
 
 
-def rank_step(group, tokens, seed):
-    """One rank: its tokens, its experts, forward + backward through the group."""
+def rank_step(group, tokens, seed, gpu=False):
+    """One rank: its tokens, its experts, forward + backward through the group (host results)."""
     args, dy = global_inputs(tokens, seed)
+    if gpu:
+        import cupy as cp
+        args = {k: None if v is None else cp.asarray(v) for k, v in args.items()}
+        dy = cp.asarray(dy)
     mine = shard(tokens, group.world_size, group.rank)
     el = CFG.n_routed_experts // group.world_size
     args["hidden_states"] = args["hidden_states"][mine]
@@ -44,13 +48,16 @@ def rank_step(group, tokens, seed):
         args[f] = args[f][group.rank * el:(group.rank + 1) * el]
     start = time.perf_counter()
     out, ctx = cupy_moe.moe_forward(**args, config=CFG, ep_group=group)
-    grads = cupy_moe.moe_backward(dy[mine], ctx)
-    return out, grads._asdict(), time.perf_counter() - start
+    grads = cupy_moe.moe_backward(dy[mine], ctx)._asdict()
+    if gpu:
+        out, grads = out.get(), {k: None if v is None else v.get() for k, v in grads.items()}
+    return out, grads, time.perf_counter() - start
 
 
-def check_world(world_size, tokens, seed=0):
+def check_world(world_size, tokens, seed=0, gpu=False):
     """Run the world; returns (worst relative error vs one process, per-rank seconds)."""
-    results = run_world(world_size, rank_step, tokens, seed)
+    results = run_world(world_size, rank_step, tokens, seed, gpu,
+                        transport="nccl" if gpu else "queue")
     args, dy = global_inputs(tokens, seed)
     ref_out, ref_ctx = cupy_moe.moe_forward(**args, config=CFG)
     ref = cupy_moe.moe_backward(dy, ref_ctx)._asdict()
@@ -69,9 +76,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--gpu", action="store_true", help="one GPU per rank, NCCL between them")
     a = ap.parse_args(argv)
-    err, seconds = check_world(a.world, a.tokens)
-    print(f"{a.world} ranks, {a.tokens} tokens, {CFG.n_routed_experts} experts: worst relative "
+    err, seconds = check_world(a.world, a.tokens, gpu=a.gpu)
+    print(f"{a.world} {'GPU' if a.gpu else 'CPU'} ranks, {a.tokens} tokens, {CFG.n_routed_experts} experts: worst relative "
           f"error vs one process {err:.1e}")
     for r, s in enumerate(seconds):
         print(f"  rank {r}: {len(range(*shard(a.tokens, a.world, r).indices(a.tokens)))} tokens, "

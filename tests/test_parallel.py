@@ -144,3 +144,61 @@ def test_run_world_reports_a_failing_rank():
 
     with pytest.raises(RuntimeError, match="rank"):
         run_world(2, _rank_step, 10, -5)  # a negative seed fails in every rank
+
+
+@pytest.mark.parametrize("W", [1, 2, 3, 5])
+def test_p2p_schedule_moves_what_the_block_all_to_all_moves(W):
+    """NcclGroup's transfers (p2p_schedule), executed on byte buffers of W simulated ranks, give
+    every rank what the thread world's all-to-all gives; every send meets a receive of its size."""
+    from cupy_moe.parallel.groups import p2p_schedule
+
+    rng = np.random.default_rng(W)
+    row_bytes = 6
+    counts = rng.integers(0, 4, (W, W))  # counts[s, d]: rows rank s sends to rank d
+    counts[0, :] = 0  # a rank that sends nothing
+    send = [rng.integers(0, 256, counts[s].sum() * row_bytes, dtype=np.uint8) for s in range(W)]
+    recv = [np.zeros(counts[:, d].sum() * row_bytes, np.uint8) for d in range(W)]
+    schedules = [p2p_schedule(r, counts[r], counts[:, r], row_bytes) for r in range(W)]
+    for r, sched in enumerate(schedules):
+        for kind, peer, s_off, d_off, n in sched:
+            if kind == "copy":
+                recv[r][d_off:d_off + n] = send[r][s_off:s_off + n]
+            elif kind == "send":  # the matching receive on the peer
+                match = [t for t in schedules[peer] if t[0] == "recv" and t[1] == r]
+                assert len(match) == 1 and match[0][4] == n
+                recv[peer][match[0][3]:match[0][3] + n] = send[r][s_off:s_off + n]
+            else:
+                assert any(t[0] == "send" and t[1] == r for t in schedules[peer])
+    groups = thread_groups(W)
+    want = [None] * W
+
+    def rank(r):
+        rows = send[r].reshape(-1, row_bytes)
+        want[r] = groups[r].exchange_rows(rows, counts[r], counts[:, r]).reshape(-1)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(W)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r in range(W):
+        np.testing.assert_array_equal(recv[r], want[r])
+
+
+def test_p2p_schedule_refuses_inconsistent_self_counts():
+    from cupy_moe.parallel.groups import p2p_schedule
+
+    with pytest.raises(RuntimeError, match="rank 1: sends itself 2 rows but expects 3"):
+        p2p_schedule(1, [0, 2], [0, 3], 4)
+
+
+def test_group_refuses_the_other_array_module():
+    """A queue world moves NumPy rows between processes; it refuses CuPy inputs (and an NCCL
+    group NumPy ones) before anything runs."""
+    from cupy_moe.parallel import QueueGroup
+
+    g = make_moe_inputs(CFG, 4, seed=0)
+    group = QueueGroup([None], 0)
+    group.array_modules = ("cupy",)  # what an NcclGroup says, without needing NCCL here
+    with pytest.raises(TypeError, match=r"ep_group: a QueueGroup moves cupy arrays, got numpy"):
+        cupy_moe.moe_forward(**g, config=CFG, ep_group=group)

@@ -1,6 +1,9 @@
 """The full MoE layer on the GPU: the data flow of design/architecture.md over our kernels.
 
-Rounding points are those documented in cupy_moe/reference/layer.py.
+Rounding points are those documented in cupy_moe/reference/layer.py. The stages are split so the
+expert-parallel layer (cupy_moe/parallel/gpu_layer.py) runs the same code around its exchanges:
+routing and the combine on the tokens' side, experts_forward / experts_backward on rows grouped by
+expert, backward_tail (router and shared expert) on the tokens' side again.
 """
 from __future__ import annotations
 
@@ -14,7 +17,66 @@ from .gemm import Segment, SwigluBackward, gemm
 MAX_GROUPS = 64  # the top-k kernel passes the kept groups as a 64-bit mask
 
 
-def _shared_forward(x, wg, wu, wd):
+def check_config(config) -> None:
+    if config.n_group > MAX_GROUPS:
+        raise ValueError(f"config.n_group: the GPU path supports up to {MAX_GROUPS} groups, "
+                         f"got {config.n_group}")
+
+
+def experts_forward(x_rows, offsets, num_experts, wg, wu, wd):
+    """Routed experts on rows grouped by expert (expert e owns rows offsets[e]:offsets[e+1]):
+    (gate, up, act, y_rows), each [rows, I] bf16 but y_rows [rows, H]."""
+    N, H = x_rows.shape
+    I = wg.shape[1]
+    grouped = dict(grouping="m", group_offsets=offsets, num_groups=num_experts)
+    gate, up = cp.empty((N, I), bfloat16), cp.empty((N, I), bfloat16)
+    for weight, out in ((wg, gate), (wu, up)):
+        gemm(m=N, n=I, segments=[Segment(x_rows, H, weight, H, k=H, b_group_stride=I * H)],
+             a_kmajor=True, b_kmajor=True, out=out, ldc=I, **grouped)
+    act = elementwise.swiglu_forward(gate, up)
+    y_rows = cp.empty((N, H), bfloat16)
+    gemm(m=N, n=H, segments=[Segment(act, I, wd, I, k=I, b_group_stride=H * I)],
+         a_kmajor=True, b_kmajor=True, out=y_rows, ldc=H, **grouped)
+    return gate, up, act, y_rows
+
+
+def experts_backward(x_rows, dy_rows, gate, up, act, offsets, num_experts, wg, wu, wd, weights,
+                     row_index=None):
+    """Backward of experts_forward given dL/dy of each row (unweighted: the routing weight of row
+    r is weights[row_index[r]], or weights[r]). Returns (dw_rows [rows] fp32 = <da', a>, dx_rows
+    [rows, H] bf16, d_gate_w, d_up_w, d_down_w)."""
+    N, H = x_rows.shape
+    I = wg.shape[1]
+    E = num_experts
+    m_grouped = dict(grouping="m", group_offsets=offsets, num_groups=E)
+    k_grouped = dict(grouping="k", group_offsets=offsets, num_groups=E)
+    # da' = dy Wd per expert, never stored: the GEMM's epilogue turns it into dg, du,
+    # aw = bf16(w a) and dw = <da', a> per row (the SwiGLU backward).
+    dg, du, aw = (cp.empty((N, I), bfloat16) for _ in range(3))
+    dw_rows = cp.empty(N, cp.float32)
+    gemm(m=N, n=I, segments=[Segment(dy_rows, H, wd, I, k=H, b_group_stride=H * I)],
+         a_kmajor=True, b_kmajor=False, out=None, ldc=I, epilogue="swiglu_backward",
+         swiglu=SwigluBackward(gate=gate, up=up, dg=dg, du=du, act=act, weights=weights,
+                               row_index=row_index, aw=aw, dw=dw_rows),
+         **m_grouped)
+    # Weight gradients: each expert reduces over its own rows (empty experts write zeros).
+    d_down_w = cp.empty((E, H, I), bfloat16)
+    gemm(m=H, n=I, segments=[Segment(dy_rows, H, aw, I, k=N)], a_kmajor=False, b_kmajor=False,
+         out=d_down_w, ldc=I, c_group_stride=H * I, **k_grouped)
+    del aw
+    d_gate_w, d_up_w = cp.empty((E, I, H), bfloat16), cp.empty((E, I, H), bfloat16)
+    for d, out in ((dg, d_gate_w), (du, d_up_w)):
+        gemm(m=I, n=H, segments=[Segment(d, I, x_rows, H, k=N)], a_kmajor=False, b_kmajor=False,
+             out=out, ldc=H, c_group_stride=I * H, **k_grouped)
+    # dgrad: [dg | du] @ [Wg; Wu] per expert.
+    dx_rows = cp.empty((N, H), bfloat16)
+    gemm(m=N, n=H, segments=[Segment(dg, I, wg, H, k=I, b_group_stride=I * H),
+                             Segment(du, I, wu, H, k=I, b_group_stride=I * H)],
+         a_kmajor=True, b_kmajor=False, out=dx_rows, ldc=H, **m_grouped)
+    return dw_rows, dx_rows, d_gate_w, d_up_w, d_down_w
+
+
+def shared_forward(x, wg, wu, wd):
     T, H = x.shape
     Is = wg.shape[0]
     g, u = cp.empty((T, Is), bfloat16), cp.empty((T, Is), bfloat16)
@@ -27,28 +89,16 @@ def _shared_forward(x, wg, wu, wd):
 
 
 def forward(x, wr, bias, wg, wu, wd, wsg, wsu, wsd, config):
-    if config.n_group > MAX_GROUPS:
-        raise ValueError(f"config.n_group: the GPU path supports up to {MAX_GROUPS} groups, "
-                         f"got {config.n_group}")
+    check_config(config)
     T, H = x.shape
-    E, K, I = config.n_routed_experts, config.num_experts_per_tok, config.moe_intermediate_size
-    N = T * K
+    E, K = config.n_routed_experts, config.num_experts_per_tok
     scores, idx, w = router.forward(x, wr, bias, config)
     r = routing.sort(idx, E)
-    grouped = dict(grouping="m", group_offsets=r.expert_offsets, num_groups=E)
     x_sorted = elementwise.gather_rows(x, r.sorted_slots, K)
-    gate, up = cp.empty((N, I), bfloat16), cp.empty((N, I), bfloat16)
-    for weight, out in ((wg, gate), (wu, up)):
-        gemm(m=N, n=I, segments=[Segment(x_sorted, H, weight, H, k=H, b_group_stride=I * H)],
-             a_kmajor=True, b_kmajor=True, out=out, ldc=I, **grouped)
-    act = elementwise.swiglu_forward(gate, up)
-    y_sorted = cp.empty((N, H), bfloat16)
-    gemm(m=N, n=H, segments=[Segment(act, I, wd, I, k=I, b_group_stride=H * I)],
-         a_kmajor=True, b_kmajor=True, out=y_sorted, ldc=H, **grouped)
-    shared = (None, None, None)
-    y_shared = None
+    gate, up, act, y_sorted = experts_forward(x_sorted, r.expert_offsets, E, wg, wu, wd)
+    shared, y_shared = (None, None, None), None
     if config.n_shared_experts:
-        *shared, y_shared = _shared_forward(x, wsg, wsu, wsd)
+        *shared, y_shared = shared_forward(x, wsg, wsu, wsd)
     out = elementwise.combine_forward(y_sorted, r.slot_rows, w, y_shared)
     ctx = MoEContext(
         config=config, hidden_states=x, router_weight=wr, expert_gate_weight=wg,
@@ -64,46 +114,29 @@ def forward(x, wr, bias, wg, wu, wd, wsg, wsu, wsd, config):
 def backward(dy, ctx: MoEContext) -> MoEGradients:
     cfg = ctx.config
     x = ctx.hidden_states
-    T, H = x.shape
-    E, K, I = cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size
-    N = T * K
+    E, K = cfg.n_routed_experts, cfg.num_experts_per_tok
     slots = ctx.sorted_slots
-    m_grouped = dict(grouping="m", group_offsets=ctx.expert_offsets, num_groups=E)
-    k_grouped = dict(grouping="k", group_offsets=ctx.expert_offsets, num_groups=E)
-
-    # Token rows in the experts' order, so every grouped GEMM below reads plain rows (x's from
-    # the forward).
+    # Token rows in the experts' order, so every grouped GEMM reads plain rows (x's from the
+    # forward).
     dy_sorted = elementwise.gather_rows(dy, slots, K)
     x_sorted = ctx.sorted_hidden_states
     if x_sorted is None:
         x_sorted = elementwise.gather_rows(x, slots, K)
-    # Routed experts: da' = dy Wd per expert, never stored: the GEMM's epilogue turns it into
-    # dg, du, aw = bf16(w a) and dw = <da', a> per row (the SwiGLU backward).
-    dg, du, aw = (cp.empty((N, I), bfloat16) for _ in range(3))
-    dw_sorted = cp.empty(N, cp.float32)
-    gemm(m=N, n=I, segments=[Segment(dy_sorted, H, ctx.expert_down_weight, I, k=H,
-                                     b_group_stride=H * I)],
-         a_kmajor=True, b_kmajor=False, out=None, ldc=I, epilogue="swiglu_backward",
-         swiglu=SwigluBackward(gate=ctx.gate, up=ctx.up, dg=dg, du=du, act=ctx.act,
-                               weights=ctx.topk_weights, row_index=slots, aw=aw, dw=dw_sorted),
-         **m_grouped)
-    # Weight gradients: each expert reduces over its own token rows (empty experts write zeros).
-    d_down_w = cp.empty((E, H, I), bfloat16)
-    gemm(m=H, n=I, segments=[Segment(dy_sorted, H, aw, I, k=N)], a_kmajor=False, b_kmajor=False,
-         out=d_down_w, ldc=I, c_group_stride=H * I, **k_grouped)
-    del dy_sorted
-    d_gate_w, d_up_w = cp.empty((E, I, H), bfloat16), cp.empty((E, I, H), bfloat16)
-    for d, out in ((dg, d_gate_w), (du, d_up_w)):
-        gemm(m=I, n=H, segments=[Segment(d, I, x_sorted, H, k=N)], a_kmajor=False, b_kmajor=False,
-             out=out, ldc=H, c_group_stride=I * H, **k_grouped)
-    del x_sorted
-    # dgrad of the routed experts: [dg | du] @ [Wg; Wu] per expert.
-    dx_sorted = cp.empty((N, H), bfloat16)
-    gemm(m=N, n=H, segments=[Segment(dg, I, ctx.expert_gate_weight, H, k=I, b_group_stride=I * H),
-                             Segment(du, I, ctx.expert_up_weight, H, k=I, b_group_stride=I * H)],
-         a_kmajor=True, b_kmajor=False, out=dx_sorted, ldc=H, **m_grouped)
-    del dg, du, aw
+    dw_sorted, dx_sorted, d_gate_w, d_up_w, d_down_w = experts_backward(
+        x_sorted, dy_sorted, ctx.gate, ctx.up, ctx.act, ctx.expert_offsets, E,
+        ctx.expert_gate_weight, ctx.expert_up_weight, ctx.expert_down_weight,
+        weights=ctx.topk_weights, row_index=slots)
+    del dy_sorted, x_sorted
+    return backward_tail(dy, ctx, dx_sorted, dw_sorted, d_gate_w, d_up_w, d_down_w)
 
+
+def backward_tail(dy, ctx: MoEContext, dx_sorted, dw_sorted, d_gate_w, d_up_w, d_down_w):
+    """The tokens' side of the backward, given the routed experts' dx rows and dw = <da', a> in
+    the sorted order: the router, the shared expert and dx."""
+    cfg = ctx.config
+    x = ctx.hidden_states
+    T, H = x.shape
+    E, K = cfg.n_routed_experts, cfg.num_experts_per_tok
     # Router: dlogits as bf16 hi + lo, so both router GEMMs run on the tensor cores.
     hi, lo = router.backward_logits(dw_sorted, ctx.slot_rows, ctx.scores, ctx.topk_indices,
                                     ctx.topk_weights, cfg)

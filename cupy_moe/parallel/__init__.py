@@ -5,8 +5,9 @@ the router and the shared expert are replicated (data parallel: their gradients,
 routed-expert weights' gradients of replicated experts if any, are the caller's to all-reduce).
 Pass a group as moe_forward(..., ep_group=group); moe_backward follows the context.
 """
-from .groups import ExpertParallelGroup, QueueGroup, SingleRankGroup, ThreadGroup, thread_groups
+from .groups import (ExpertParallelGroup, NcclGroup, QueueGroup, SingleRankGroup, ThreadGroup,
+                     thread_groups)
 from .launch import run_world
 
-__all__ = ["ExpertParallelGroup", "QueueGroup", "SingleRankGroup", "ThreadGroup", "run_world",
-           "thread_groups"]
+__all__ = ["ExpertParallelGroup", "NcclGroup", "QueueGroup", "SingleRankGroup", "ThreadGroup",
+           "run_world", "thread_groups"]

@@ -7,15 +7,27 @@ the group calls in the same order:
   exchange_rows(rows [sum(send_counts), ...], send_counts [W], recv_counts [W]) -> rows: the
       first send_counts[0] rows go to rank 0, the next send_counts[1] to rank 1, ...; the result
       holds recv_counts[s] rows from each rank s, in rank order.
+Rows are NumPy or CuPy arrays (the layer's path); count tables are host integers.
 SingleRankGroup is W = 1 (every exchange is the identity), ThreadGroup simulates W ranks as
-threads of one process (tests), QueueGroup connects W processes of one host (launch.run_world); an
-NCCL group for one process per GPU is the next step (issue 7) and plugs in behind the same calls.
+threads of one process (tests; with CuPy rows, W ranks sharing one GPU), QueueGroup connects W
+processes of one host (CPU; launch.run_world), NcclGroup W processes with one GPU each
+(launch.run_world(..., transport="nccl")).
 """
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
+
+from .._arrays import is_cupy_array
+
+
+def _xp(rows):
+    if is_cupy_array(rows):
+        import cupy
+        return cupy
+    return np
 
 
 class ExpertParallelGroup:
@@ -23,6 +35,7 @@ class ExpertParallelGroup:
 
     rank: int
     world_size: int
+    array_modules = ("numpy", "cupy")  # which arrays' rows it moves
 
     def exchange_counts(self, table):
         raise NotImplementedError
@@ -62,7 +75,7 @@ class _BlockAllToAll(ExpertParallelGroup):
         for s, (block, n) in enumerate(zip(got, recv_counts)):
             if len(block) != n:
                 raise RuntimeError(f"rank {self.rank}: expected {n} rows from rank {s}, got {len(block)}")
-        return np.concatenate(got)
+        return _xp(rows).concatenate(got)
 
 
 class _Exchange:
@@ -100,6 +113,8 @@ class QueueGroup(_BlockAllToAll):
     its place on GPUs. Messages carry (collective number, source), so a fast rank that is already
     one collective ahead never confuses a slow one."""
 
+    array_modules = ("numpy",)
+
     def __init__(self, inboxes, rank: int):
         self._inboxes, self.rank, self.world_size = inboxes, rank, len(inboxes)
         self._seq = 0
@@ -122,3 +137,93 @@ class QueueGroup(_BlockAllToAll):
             else:
                 self._early[(s, src)] = block
         return [got[s] for s in range(self.world_size)]
+
+
+def p2p_schedule(rank: int, send_counts, recv_counts, row_bytes: int):
+    """The transfers of one rank's all-to-all of row blocks (see exchange_rows): its own block as
+    one local copy, then a send and a receive per other rank with rows, as (kind, peer, source
+    byte offset, destination byte offset, bytes) with kind 'copy', 'send' or 'recv' (offsets into
+    the rank's send buffer for copy/send, into its receive buffer for copy/recv)."""
+    send_counts = np.asarray(send_counts, dtype=np.int64)
+    recv_counts = np.asarray(recv_counts, dtype=np.int64)
+    if send_counts[rank] != recv_counts[rank]:
+        raise RuntimeError(f"rank {rank}: sends itself {send_counts[rank]} rows but expects "
+                           f"{recv_counts[rank]}")
+    s_off = np.concatenate([[0], np.cumsum(send_counts)]) * row_bytes
+    r_off = np.concatenate([[0], np.cumsum(recv_counts)]) * row_bytes
+    out = []
+    if send_counts[rank]:
+        out.append(("copy", rank, int(s_off[rank]), int(r_off[rank]), int(send_counts[rank] * row_bytes)))
+    for peer in range(len(send_counts)):
+        if peer == rank:
+            continue
+        if send_counts[peer]:
+            out.append(("send", peer, int(s_off[peer]), 0, int(send_counts[peer] * row_bytes)))
+        if recv_counts[peer]:
+            out.append(("recv", peer, 0, int(r_off[peer]), int(recv_counts[peer] * row_bytes)))
+    return out
+
+
+class NcclGroup(ExpertParallelGroup):
+    """One rank of W processes with one GPU each, over NCCL (cupy.cuda.nccl): both exchanges are
+    grouped point-to-point sends and receives of bytes on the current CuPy stream (p2p_schedule),
+    the rank's own block a device-to-device copy. Every rank creates its group with the same
+    unique_id (NcclGroup.unique_id() on one rank, passed to the others; launch.run_world does
+    this). NVLink multicast stays off (NCCL_NVLS_ENABLE=0 unless the caller set it): the
+    exchanges are point-to-point and the machines here require it."""
+
+    array_modules = ("cupy",)
+
+    def __init__(self, rank: int, world_size: int, unique_id):
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        from cupy.cuda import nccl
+
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank: expected 0 <= rank < world_size = {world_size}, got {rank}")
+        self._nccl = nccl
+        self.rank, self.world_size = rank, world_size
+        self.comm = nccl.NcclCommunicator(world_size, unique_id, rank)
+
+    @staticmethod
+    def unique_id():
+        from cupy.cuda import nccl
+
+        return nccl.get_unique_id()
+
+    def exchange_counts(self, table):
+        import cupy
+
+        table = np.ascontiguousarray(table, dtype=np.int64)
+        send = cupy.asarray(table)
+        recv = cupy.empty_like(send)
+        ones = np.ones(self.world_size, np.int64)
+        self._all_to_all(send, recv, ones, ones, table.shape[1] * 8)
+        return recv.get()
+
+    def exchange_rows(self, rows, send_counts, recv_counts):
+        import cupy
+
+        rows = cupy.ascontiguousarray(rows)
+        out = cupy.empty((int(np.sum(recv_counts)),) + rows.shape[1:], rows.dtype)
+        row_bytes = rows.itemsize * int(np.prod(rows.shape[1:], dtype=np.int64))
+        self._all_to_all(rows, out, send_counts, recv_counts, row_bytes)
+        return out
+
+    def _all_to_all(self, src, dst, send_counts, recv_counts, row_bytes):
+        import cupy
+
+        nccl, stream = self._nccl, cupy.cuda.get_current_stream().ptr
+        schedule = p2p_schedule(self.rank, send_counts, recv_counts, row_bytes)
+        for kind, _, s, d, n in schedule:
+            if kind == "copy":
+                cupy.cuda.runtime.memcpyAsync(dst.data.ptr + d, src.data.ptr + s, n,
+                                              cupy.cuda.runtime.memcpyDeviceToDevice, stream)
+        nccl.groupStart()
+        try:
+            for kind, peer, s, d, n in schedule:
+                if kind == "send":
+                    self.comm.send(src.data.ptr + s, n, nccl.NCCL_UINT8, peer, stream)
+                elif kind == "recv":
+                    self.comm.recv(dst.data.ptr + d, n, nccl.NCCL_UINT8, peer, stream)
+        finally:
+            nccl.groupEnd()

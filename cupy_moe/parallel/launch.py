@@ -1,32 +1,57 @@
 """Start W processes on one host, one rank each, and collect what each returns.
 
-    results = run_world(W, fn, *args)   # fn(group, *args) runs in every rank's process
+    results = run_world(W, fn, *args)                    # CPU ranks over queues (QueueGroup)
+    results = run_world(W, fn, *args, transport="nccl")  # rank r on GPU r over NCCL (NcclGroup)
 
-Ranks are fresh processes (the 'spawn' start method: no state inherited from the caller, as GPU
-programs need), connected by a QueueGroup. fn must be importable (a module-level function).
+fn(group, *args) runs in every rank's process. Ranks are fresh processes (the 'spawn' start
+method: no state inherited from the caller, as GPU programs need); fn must be importable (a
+module-level function) and return something picklable (host arrays). No PyTorch involved.
 """
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 
-from .groups import QueueGroup
+from .groups import NcclGroup, QueueGroup
+
+TRANSPORTS = ("queue", "nccl")
 
 
-def _rank_main(fn, inboxes, rank, results, args):
+def _rank_main(fn, transport, link, rank, world_size, results, args):
     try:
-        results.put((rank, True, fn(QueueGroup(inboxes, rank), *args)))
+        if transport == "nccl":
+            os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+            import cupy
+
+            cupy.cuda.Device(rank).use()
+            group = NcclGroup(rank, world_size, link)
+        else:
+            group = QueueGroup(link, rank)
+        results.put((rank, True, fn(group, *args)))
     except BaseException as exc:  # reported by the parent, with the rank
         results.put((rank, False, f"{type(exc).__name__}: {exc}"))
 
 
-def run_world(world_size: int, fn, *args, timeout: float = 600.0):
+def run_world(world_size: int, fn, *args, transport: str = "queue", timeout: float = 600.0):
     """Run fn(group, *args) on world_size ranks; returns the results in rank order."""
     if world_size < 1:
         raise ValueError(f"world_size: expected >= 1, got {world_size}")
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport: expected one of {TRANSPORTS}, got {transport!r}")
     ctx = mp.get_context("spawn")
-    inboxes = [ctx.Queue() for _ in range(world_size)]
     results = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(fn, inboxes, r, results, args), daemon=True)
+    if transport == "nccl":
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() < world_size:
+            raise ValueError(f"world_size: {world_size} ranks need as many GPUs, this host has "
+                             f"{cupy.cuda.runtime.getDeviceCount()}")
+        links = [NcclGroup.unique_id()] * world_size
+    else:
+        inboxes = [ctx.Queue() for _ in range(world_size)]
+        links = [inboxes] * world_size
+    procs = [ctx.Process(target=_rank_main,
+                         args=(fn, transport, links[r], r, world_size, results, args), daemon=True)
              for r in range(world_size)]
     for p in procs:
         p.start()

@@ -1,4 +1,4 @@
-"""The expert-parallel layer on the NumPy path: routing and the combine on the tokens' rank, the
+"""The expert-parallel layer on the NumPy path (CuPy arrays go to gpu_layer.py, same stages): routing and the combine on the tokens' rank, the
 routed experts on their owner's rank, rows moved by the group's all-to-all.
 
 forward:  route + sort locally -> plan (counts all-to-all) -> token rows to the experts' owners
@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .._arrays import is_cupy_array
 from ..context import MoEContext
 from ..reference.layer import _backward_tail, experts_backward, experts_forward, finish_forward
 from ..reference.precision import precision_for
@@ -35,6 +36,12 @@ class ExpertParallelState:
 def forward(hidden_states, router_weight, e_score_correction_bias, expert_gate_weight,
             expert_up_weight, expert_down_weight, shared_expert_gate_weight,
             shared_expert_up_weight, shared_expert_down_weight, config, group):
+    if is_cupy_array(hidden_states):
+        from . import gpu_layer
+        return gpu_layer.forward(hidden_states, router_weight, e_score_correction_bias,
+                                 expert_gate_weight, expert_up_weight, expert_down_weight,
+                                 shared_expert_gate_weight, shared_expert_up_weight,
+                                 shared_expert_down_weight, config, group)
     P = precision_for(hidden_states.dtype)
     E, K = config.n_routed_experts, config.num_experts_per_tok
     x = P.load(hidden_states)
@@ -57,6 +64,9 @@ def forward(hidden_states, router_weight, e_score_correction_bias, expert_gate_w
 
 
 def backward(grad_output, ctx: MoEContext):
+    if is_cupy_array(grad_output):
+        from . import gpu_layer
+        return gpu_layer.backward(grad_output, ctx)
     ep, P = ctx.expert_parallel, precision_for(ctx.hidden_states.dtype)
     plan, group = ep.plan, ep.group
     K = ctx.config.num_experts_per_tok

@@ -1,0 +1,92 @@
+"""The expert-parallel layer on the GPU: the single-GPU stages of cupy_moe/gpu/layer.py around the
+group's exchanges (an NcclGroup between GPUs; SingleRankGroup runs the same path on one GPU).
+
+forward:  route + sort locally -> plan (counts all-to-all; the one host sync, which sizes the
+          exchanges) -> token rows to the experts' owners -> local experts -> y rows back ->
+          weighted combine + shared expert
+backward: dy rows and routing weights to the owners -> local experts' backward (their weight
+          gradients stay there) -> dx rows and dw = <da', a> back -> router, shared expert, dx
+Rows leave in the routing-sorted order (the blocks for each owner are contiguous) and arrive in
+source-major order; the plan's permutations take them to expert-major order and back, so the
+local grouped GEMMs see what one GPU would see for the same global tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import cupy as cp
+
+from ..context import MoEContext
+from ..gpu import elementwise, router, routing
+from ..gpu.layer import backward_tail, check_config, experts_backward, experts_forward, shared_forward
+from .dispatch import DispatchPlan, plan_dispatch
+
+
+@dataclass(frozen=True, eq=False)
+class GpuExpertParallelState:
+    """What the experts' side of a rank keeps for the backward (rows in expert-major order)."""
+
+    group: Any
+    plan: DispatchPlan
+    to_expert_major: Any   # device copies of the plan's permutations and offsets
+    to_received: Any
+    local_offsets: Any
+    x_rows: Any            # [R, H] the received token rows
+    gate: Any              # [R, I]
+    up: Any
+    act: Any
+
+
+def forward(x, wr, bias, wg, wu, wd, wsg, wsu, wsd, config, group):
+    check_config(config)
+    E, K = config.n_routed_experts, config.num_experts_per_tok
+    El = wg.shape[0]
+    scores, idx, w = router.forward(x, wr, bias, config)
+    r = routing.sort(idx, E)
+    plan = plan_dispatch(r.tokens_per_expert.get(), group)
+    to_em, to_recv = cp.asarray(plan.to_expert_major), cp.asarray(plan.to_received)
+    offsets = cp.asarray(plan.local_offsets)
+    x_sorted = elementwise.gather_rows(x, r.sorted_slots, K)
+    x_rows = group.exchange_rows(x_sorted, plan.send_counts, plan.recv_counts)[to_em]
+    del x_sorted
+    gate, up, act, y_rows = experts_forward(x_rows, offsets, El, wg, wu, wd)
+    y_sorted = group.exchange_rows(y_rows[to_recv], plan.recv_counts, plan.send_counts)
+    del y_rows
+    shared, y_shared = (None, None, None), None
+    if config.n_shared_experts:
+        *shared, y_shared = shared_forward(x, wsg, wsu, wsd)
+    out = elementwise.combine_forward(y_sorted, r.slot_rows, w, y_shared)
+    ep = GpuExpertParallelState(group=group, plan=plan, to_expert_major=to_em, to_received=to_recv,
+                                local_offsets=offsets, x_rows=x_rows, gate=gate, up=up, act=act)
+    ctx = MoEContext(
+        config=config, hidden_states=x, router_weight=wr, expert_gate_weight=wg,
+        expert_up_weight=wu, expert_down_weight=wd, shared_expert_gate_weight=wsg,
+        shared_expert_up_weight=wsu, shared_expert_down_weight=wsd, scores=scores,
+        topk_indices=idx, topk_weights=w, tokens_per_expert=r.tokens_per_expert,
+        expert_offsets=r.expert_offsets, sorted_slots=r.sorted_slots, slot_rows=r.slot_rows,
+        gate=None, up=None, act=None, shared_gate=shared[0], shared_up=shared[1],
+        shared_act=shared[2], expert_parallel=ep)
+    return out, ctx
+
+
+def backward(dy, ctx: MoEContext):
+    ep = ctx.expert_parallel
+    plan, group = ep.plan, ep.group
+    K = ctx.config.num_experts_per_tok
+    slots = ctx.sorted_slots
+
+    def to_experts(rows):
+        return group.exchange_rows(rows, plan.send_counts, plan.recv_counts)[ep.to_expert_major]
+
+    def to_sources(rows):
+        return group.exchange_rows(rows[ep.to_received], plan.recv_counts, plan.send_counts)
+
+    dy_rows = to_experts(elementwise.gather_rows(dy, slots, K))
+    w_rows = to_experts(ctx.topk_weights.reshape(-1)[slots])
+    dw_rows, dx_rows, d_gate_w, d_up_w, d_down_w = experts_backward(
+        ep.x_rows, dy_rows, ep.gate, ep.up, ep.act, ep.local_offsets, ctx.expert_gate_weight.shape[0],
+        ctx.expert_gate_weight, ctx.expert_up_weight, ctx.expert_down_weight, weights=w_rows)
+    del dy_rows
+    dx_sorted, dw_sorted = to_sources(dx_rows), to_sources(dw_rows)
+    return backward_tail(dy, ctx, dx_sorted, dw_sorted, d_gate_w, d_up_w, d_down_w)
