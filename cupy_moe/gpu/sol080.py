@@ -8,9 +8,15 @@ not apply (odd strides), d_act is stored and an elementwise kernel follows.
 The contract's three dgrad products (d_up Wu, d_gate Wg, bf16(grl) Wr) run as one GEMM over the
 concatenated reduction, accumulated in fp32 and rounded once (within the pass rule; the contract
 rounds each to bf16 first).
+
+Once [d_gate | d_up] and bf16(grl) exist, the dgrad and the router weight gradient run on a side
+stream next to the two expert weight gradients (fork/join by events, captured as two graph
+branches), so each fills the SMs the other's last wave leaves idle; CUPY_MOE_SOL080_STREAMS=0
+keeps everything on one stream.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import cupy as cp
@@ -20,6 +26,20 @@ from .._arrays import bfloat16
 from .._launch import grid_stride_blocks, i32, i64, ptr
 from . import graphs, router
 from .gemm import Segment, SwigluBackward, gemm, sm90_applies
+
+CONCURRENT = os.environ.get("CUPY_MOE_SOL080_STREAMS", "1") != "0"
+_side = {}  # (device, stream) -> (side stream, fork event, join event)
+
+
+def _side_stream(main):
+    key = (cp.cuda.Device().id, main.ptr)
+    entry = _side.get(key)
+    if entry is None:
+        if len(_side) >= 16:
+            _side.clear()
+        entry = _side[key] = (cp.cuda.Stream(non_blocking=True),
+                              cp.cuda.Event(disable_timing=True), cp.cuda.Event(disable_timing=True))
+    return entry
 
 
 @dataclass
@@ -83,11 +103,20 @@ def _enqueue(inputs, outputs, ws: _Workspace) -> None:
     _launch.launch(mod, "sol080_router", (T,), (256,),
                    [ptr(g), ptr(tw), ptr(idx), ptr(mask), ptr(scores), i32(T), i32(H), i32(E),
                     i32(K), ptr(ws.hi), ptr(ws.lo)])
+    main = cp.cuda.get_current_stream()
+    side, fork, join = _side_stream(main) if CONCURRENT else (main, None, None)
+    if fork is not None:
+        fork.record(main)
+        side.wait_event(fork)
+    with side:  # dgrad and the router weight gradient (the main stream when not CONCURRENT)
+        gemm(m=T, n=H, segments=[Segment(d_up, 2 * I, wu, H, k=I), Segment(ws.d_gu, 2 * I, wg, H, k=I),
+                                 Segment(ws.hi, E, wr, H, k=E)],
+             a_kmajor=True, b_kmajor=False, out=grad_h, ldc=H)
+        router.weight_gradient(ws.hi, ws.lo, x, grad_router, ws.partial)
     gemm(m=H, n=I, segments=[Segment(g, H, act, I, k=T)], a_kmajor=False, b_kmajor=False,
          out=grad_wd, ldc=I)
     gemm(m=2 * I, n=H, segments=[Segment(ws.d_gu, 2 * I, x, H, k=T)], a_kmajor=False,
          b_kmajor=False, out=grad_wgu, ldc=H)
-    router.weight_gradient(ws.hi, ws.lo, x, grad_router, ws.partial)
-    gemm(m=T, n=H, segments=[Segment(d_up, 2 * I, wu, H, k=I), Segment(ws.d_gu, 2 * I, wg, H, k=I),
-                             Segment(ws.hi, E, wr, H, k=E)],
-         a_kmajor=True, b_kmajor=False, out=grad_h, ldc=H)
+    if join is not None:
+        join.record(side)
+        main.wait_event(join)
