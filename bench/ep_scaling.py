@@ -17,8 +17,7 @@ def _inputs(T, seed, cfg, rank=0, world=1):
     El = cfg.n_routed_experts // world
     for f in ("expert_gate_weight", "expert_up_weight", "expert_down_weight"):
         args[f] = cp.ascontiguousarray(args[f][rank * El:(rank + 1) * El])
-    dy = cp.asarray(np.random.default_rng(seed + 100 + rank).standard_normal(
-        (T, cfg.hidden_size), dtype=np.float32)).astype(args["hidden_states"].dtype)
+    dy = make_moe_inputs(cfg, T, seed=seed + 100 + rank, xp=cp)["hidden_states"]
     return args, dy
 
 
