@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything a device session should prove, in one call (about 7-8 minutes on one H200): the GPU
 # suite (three shards in parallel, compute-sanitizer on the small cases beside them), then alone on
-# the GPU the benchmark tables, the endurance run and the expert-parallel checks.
+# the GPU the endurance run, the benchmark tables and the expert-parallel checks.
 # Usage (from the repo root, on the device): bash tests/device_check.sh; logs under ${OUT:-/tmp}
 # (five files: the device hands back at most eight). Knobs: BENCH_ARGS (default "--sol080
 # --layer"; "" for every table), ENDURANCE_SECONDS (default 150).
@@ -12,7 +12,7 @@ out=${OUT:-/tmp}
 gpu='gpu or slow'
 pytest_shard() {  # name, then pytest arguments
   local name=$1; shift
-  timeout 420 python3 -m pytest -q -p no:cacheprovider -m "$gpu" -k "not wheel" "$@" > "$out/suite-$name.txt" 2>&1
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -m "$gpu" -k "not wheel" "$@" > "$out/suite-$name.txt" 2>&1
   echo "shard $name exit $?" >> "$out/suite-$name.txt"
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$out/gpu.txt"
@@ -27,15 +27,15 @@ rm -f "$out"/suite-*.txt "$out/gpu.txt"
 grep -E "passed|failed|error|exit" "$out/suite.txt" | grep -v "^\." | tail -8
 { cat "$out/sanitize-summary.txt"; for f in "$out"/sanitize-*.log; do echo "== $f"; cat "$f"; done; } > "$out/sanitize.log"
 rm -f "$out"/sanitize-*.log "$out/sanitize-summary.txt"; grep -E "exit" "$out/sanitize.log"
-timeout 300 python3 bench/benchmark.py --reps 20 ${BENCH_ARGS---sol080 --layer} > "$out/bench.txt" 2>&1
-if [[ "${BENCH_ARGS---sol080 --layer}" == *sol080* ]]; then  # the side-stream A/B in the same run
-  echo "== CUPY_MOE_SOL080_STREAMS=0" >> "$out/bench.txt"
-  CUPY_MOE_SOL080_STREAMS=0 timeout 120 python3 bench/benchmark.py --reps 20 --sol080 2>&1 | tail -18 >> "$out/bench.txt"
-fi
-tail -45 "$out/bench.txt"
 s=${ENDURANCE_SECONDS:-150}
 timeout $((s + 60)) python3 bench/endurance.py --calls 2000 --check-every 200 --time-limit "$s" > "$out/endurance.txt" 2>&1
 echo "endurance exit $?" >> "$out/endurance.txt"; tail -4 "$out/endurance.txt"
-{ timeout 120 python3 bench/ep_scaling.py --tokens 4096 --reps 5 --worlds 1,2,4
+timeout 200 python3 bench/benchmark.py --reps 20 ${BENCH_ARGS---sol080 --layer} > "$out/bench.txt" 2>&1
+if [[ "${BENCH_ARGS---sol080 --layer}" == *sol080* ]]; then  # the side-stream A/B in the same run
+  echo "== CUPY_MOE_SOL080_STREAMS=0" >> "$out/bench.txt"
+  CUPY_MOE_SOL080_STREAMS=0 timeout 90 python3 bench/benchmark.py --reps 20 --sol080 2>&1 | tail -18 >> "$out/bench.txt"
+fi
+tail -45 "$out/bench.txt"
+{ timeout 120 python3 bench/ep_scaling.py --tokens 4096 --reps 3 --worlds 1,2,4
   timeout 120 python3 examples/expert_parallel.py --gpu --world 1 --tokens 96; echo "example exit $?"; } > "$out/ep.txt" 2>&1
 cat "$out/ep.txt"
