@@ -96,6 +96,18 @@ def forward(x, wr, bias, wg, wu, wd, wsg, wsu, wsd, config):
     r = routing.sort(idx, E)
     x_sorted = elementwise.gather_rows(x, r.sorted_slots, K)
     gate, up, act, y_sorted = experts_forward(x_sorted, r.expert_offsets, E, wg, wu, wd)
+    return finish_forward((x, wr, wg, wu, wd, wsg, wsu, wsd), config, (scores, idx, w, r), y_sorted,
+                          (gate, up, act), sorted_hidden_states=x_sorted)
+
+
+def finish_forward(inputs, config, routed, y_sorted, saved, **extra):
+    """The tokens' side of the forward once the routed experts' rows are back in the sorted order:
+    the shared expert, the weighted combine and the context. inputs: (x, router weight, the three
+    expert weights, the three shared ones); routed: (scores, topk indices, topk weights, the
+    routing.Routing); saved: (gate, up, act) rows, or Nones where the experts keep them
+    (expert parallel); extra: MoEContext's optional fields."""
+    x, wr, wg, wu, wd, wsg, wsu, wsd = inputs
+    scores, idx, w, r = routed
     shared, y_shared = (None, None, None), None
     if config.n_shared_experts:
         *shared, y_shared = shared_forward(x, wsg, wsu, wsd)
@@ -106,8 +118,8 @@ def forward(x, wr, bias, wg, wu, wd, wsg, wsu, wsd, config):
         shared_expert_up_weight=wsu, shared_expert_down_weight=wsd, scores=scores,
         topk_indices=idx, topk_weights=w, tokens_per_expert=r.tokens_per_expert,
         expert_offsets=r.expert_offsets, sorted_slots=r.sorted_slots, slot_rows=r.slot_rows,
-        gate=gate, up=up, act=act, shared_gate=shared[0], shared_up=shared[1], shared_act=shared[2],
-        sorted_hidden_states=x_sorted)
+        gate=saved[0], up=saved[1], act=saved[2], shared_gate=shared[0], shared_up=shared[1],
+        shared_act=shared[2], **extra)
     return out, ctx
 
 

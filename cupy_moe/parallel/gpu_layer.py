@@ -19,7 +19,8 @@ import cupy as cp
 
 from ..context import MoEContext
 from ..gpu import elementwise, router, routing
-from ..gpu.layer import backward_tail, check_config, experts_backward, experts_forward, shared_forward
+from ..gpu.layer import (backward_tail, check_config, experts_backward, experts_forward,
+                         finish_forward)
 from .dispatch import DispatchPlan, plan_dispatch
 
 
@@ -53,21 +54,10 @@ def forward(x, wr, bias, wg, wu, wd, wsg, wsu, wsd, config, group):
     gate, up, act, y_rows = experts_forward(x_rows, offsets, El, wg, wu, wd)
     y_sorted = group.exchange_rows(y_rows[to_recv], plan.recv_counts, plan.send_counts)
     del y_rows
-    shared, y_shared = (None, None, None), None
-    if config.n_shared_experts:
-        *shared, y_shared = shared_forward(x, wsg, wsu, wsd)
-    out = elementwise.combine_forward(y_sorted, r.slot_rows, w, y_shared)
     ep = GpuExpertParallelState(group=group, plan=plan, to_expert_major=to_em, to_received=to_recv,
                                 local_offsets=offsets, x_rows=x_rows, gate=gate, up=up, act=act)
-    ctx = MoEContext(
-        config=config, hidden_states=x, router_weight=wr, expert_gate_weight=wg,
-        expert_up_weight=wu, expert_down_weight=wd, shared_expert_gate_weight=wsg,
-        shared_expert_up_weight=wsu, shared_expert_down_weight=wsd, scores=scores,
-        topk_indices=idx, topk_weights=w, tokens_per_expert=r.tokens_per_expert,
-        expert_offsets=r.expert_offsets, sorted_slots=r.sorted_slots, slot_rows=r.slot_rows,
-        gate=None, up=None, act=None, shared_gate=shared[0], shared_up=shared[1],
-        shared_act=shared[2], expert_parallel=ep)
-    return out, ctx
+    return finish_forward((x, wr, wg, wu, wd, wsg, wsu, wsd), config, (scores, idx, w, r), y_sorted,
+                          (None, None, None), expert_parallel=ep)
 
 
 def backward(dy, ctx: MoEContext):
