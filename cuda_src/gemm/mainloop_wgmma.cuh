@@ -66,6 +66,8 @@ struct Plan {
   static_assert(Cfg::GROUPING != kMGrouped || Cfg::A_KMAJOR, "M-grouped GEMMs take a K-major A");
   static_assert(Cfg::GROUPING != kKGrouped || (!Cfg::A_KMAJOR && !Cfg::B_KMAJOR),
                 "K-grouped GEMMs reduce over memory lines: both operands MN-major");
+  static_assert(SCHEDULE == HOST_TABLE_OFFSET,
+                "Sm90Config.smem_bytes (cupy_moe/gpu/gemm.py) disagrees with this layout");
 };
 
 // cp.async copy of memory lines [line0, line0 + LINES) x columns [col0, col0 + WIDTH) into the
