@@ -133,3 +133,18 @@ def test_unfused_swiglu_on_the_portable_loop(host, scratch):
     (args, kw), = scratch
     assert args[1:] == (sw.gate, sw.up, sw.act, sw.weights, sw.row_index)
     assert kw["out"] == (sw.dg, sw.du, sw.dw, sw.aw)
+
+
+@pytest.mark.parametrize("pingpong", [False, True])
+def test_every_chosen_config_fits_shared_memory(pingpong):
+    """Whatever Sm90Config.choose picks (every tile width, store path, grouping, up to 256
+    experts' scheduler table) fits in sm_90's 227 KB of shared memory per block."""
+    for n in (8, 64, 72, 128, 200, 256, 1408, 2816, 4096):
+        for m_tiles in (1, 64, 1000):
+            for grouping, groups in ((0, 0), (1, 8), (1, 128), (1, 256), (2, 128)):
+                for c_tma in (False, True):
+                    cfg = G.Sm90Config.choose(m_tiles, n, 132, groups if grouping == 1 else 0,
+                                              pingpong, GROUPING=grouping, C_TMA=c_tma)
+                    table = groups if grouping == 1 else 0
+                    assert 2 <= cfg.STAGES <= 8, cfg
+                    assert cfg.smem_bytes(table) <= G.Sm90Config.SMEM_LIMIT, (cfg, table)
