@@ -10,7 +10,6 @@ module-level function) and return something picklable (host arrays). No PyTorch 
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 
 from .groups import NcclGroup, QueueGroup
 
@@ -20,7 +19,6 @@ TRANSPORTS = ("queue", "nccl")
 def _rank_main(fn, transport, link, rank, world_size, results, args):
     try:
         if transport == "nccl":
-            os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
             import cupy
 
             cupy.cuda.Device(rank).use()
