@@ -23,12 +23,14 @@ ENGINES = pytest.mark.parametrize("engine", ["sm90", "sm90-pingpong", "mma"])
 
 def _run(engine, **kw):
     """gemm() on one main loop: 'sm90' the Hopper loop with cooperative consumer warpgroups,
-    'sm90-pingpong' with ping-pong ones, 'mma' the portable loop; the sm90 cases skip shapes that
-    main loop does not take."""
+    'sm90-pingpong' with ping-pong ones, 'sm90-direct' cooperative with the SwiGLU epilogue's
+    operands loaded by each thread (not staged by TMA), 'mma' the portable loop; the sm90 cases
+    skip shapes that main loop does not take."""
     from cupy_moe.gpu import gemm
 
-    saved = gemm.PINGPONG
+    saved = gemm.PINGPONG, gemm.EPILOGUE_TMA
     gemm.PINGPONG = engine == "sm90-pingpong"
+    gemm.EPILOGUE_TMA = engine != "sm90-direct"
     try:
         gemm.gemm(engine=engine.split("-")[0], **kw)
     except ValueError as exc:
@@ -36,7 +38,7 @@ def _run(engine, **kw):
             pytest.skip(str(exc))
         raise
     finally:
-        gemm.PINGPONG = saved
+        gemm.PINGPONG, gemm.EPILOGUE_TMA = saved
 
 
 def _ld(cols, padded):
@@ -190,18 +192,20 @@ def test_more_tiles_than_sms(grouping, engine):
     assert relative_error(out.get().astype(np.float32), ref) < 1e-2
 
 
-@pytest.mark.parametrize("n,k", [(136, 200), (1408, 264), (13, 40)])
+@pytest.mark.parametrize("n,k,G,M", [(136, 200, 5, 301), (1408, 264, 5, 301), (13, 40, 5, 301),
+                                     (200, 136, 3, 1031), (1408, 72, 1, 389), (64, 40, 4, 777)])
 @pytest.mark.parametrize("routed", [True, False])
-@ENGINES
-def test_swiglu_backward_epilogue(n, k, routed, engine):
+@pytest.mark.parametrize("engine", ["sm90", "sm90-direct", "sm90-pingpong", "mma"])
+def test_swiglu_backward_epilogue(n, k, G, M, routed, engine):
     """da' = dy W (M-grouped, never stored) -> dg, du, aw and dw = <da', a>, as the elementwise
-    kernel computes them from an fp32 da' (the mma engine runs exactly that composition)."""
+    kernel computes them from an fp32 da' (the mma engine runs exactly that composition). The
+    larger cases have whole 128-row tiles inside an expert (TMA stores) next to tiles that
+    straddle an expert's end (row-bounded copies), and a tile past n's last multiple of 128."""
     import cupy as cp
     from cupy_moe.gpu.gemm import Segment, SwigluBackward
 
-    rng = np.random.default_rng(n + k)
-    G, M = 5, 301
-    offs = _groups(rng, G, M, empty=(2,))
+    rng = np.random.default_rng(n + k + M)
+    offs = _groups(rng, G, M, empty=(2,) if G > 2 else ())
     dy, W = _bf16(rng, M, k), _bf16(rng, G, k, n)
     g, u, a = _bf16(rng, M, n), _bf16(rng, M, n), _bf16(rng, M, n)
     w = rng.random(M, dtype=np.float32) if routed else np.ones(M, np.float32)

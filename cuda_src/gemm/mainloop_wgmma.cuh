@@ -48,9 +48,19 @@ struct Plan {
   static constexpr int WG_ROWS = 64 * HALVES;
   static constexpr int STAGING = Cfg::STAGES * STAGE_BYTES;        // per consumer warpgroup:
   static constexpr int STAGING_BYTES = TMA_STORE ? WG_ROWS * Cfg::BN * 2 : 0;  // its rows in bf16
-  static constexpr int BARRIERS = STAGING + CONSUMER_WARPGROUPS * STAGING_BYTES;  // full, empty
+  // SwiGLU backward with E_TILES > 0: the tile's gate, up (and act) rows arrive by TMA into this
+  // buffer during the main loop; dg, du (and aw) overwrite them in place and leave by TMA stores.
+  static constexpr int E_TILES = Cfg::E_TILES;
+  static constexpr int E_TILE_BYTES = BM * Cfg::BN * 2;
+  static constexpr int EPI = STAGING + CONSUMER_WARPGROUPS * STAGING_BYTES;
+  static constexpr int BARRIERS = EPI + E_TILES * E_TILE_BYTES;     // full, empty
   static constexpr int TURNS = BARRIERS + 2 * Cfg::STAGES * 8;     // ping-pong: whose MMAs next
-  static constexpr int SCHEDULE = TURNS + 2 * 8;                   // TileScheduler::tile_start
+  static constexpr int EPI_BARRIERS = TURNS + 2 * 8;                // epilogue operands in, buffer free
+  static constexpr int SCHEDULE = EPI_BARRIERS + (E_TILES ? 2 * 8 : 0);  // TileScheduler::tile_start
+  // The consumers free the buffer at this reduction tile of the next tile (the previous tile's
+  // stores have had a few k-steps to read it); the producer refills it right after issuing the
+  // stage that release needs, so the operands load under most of the main loop.
+  static constexpr int E_RELEASE_AT = 2;
   static constexpr int FULL_ARRIVALS = 1 + (CPA ? PRODUCER_THREADS : 0);
   static constexpr int CPA_LAG = Cfg::STAGES - 2;  // cp.async stages in flight past the newest
   // Lane 0 of each warp that reads a stage: both consumer warpgroups', or its owner's.
@@ -66,6 +76,9 @@ struct Plan {
   static_assert(Cfg::GROUPING != kMGrouped || Cfg::A_KMAJOR, "M-grouped GEMMs take a K-major A");
   static_assert(Cfg::GROUPING != kKGrouped || (!Cfg::A_KMAJOR && !Cfg::B_KMAJOR),
                 "K-grouped GEMMs reduce over memory lines: both operands MN-major");
+  static_assert(E_TILES == 0 || ((E_TILES == 2 || E_TILES == 3) && Cfg::EPILOGUE == kSwigluBackward &&
+                                  !PINGPONG && !Cfg::C_TMA && !CPA && Cfg::BN <= 128),
+                "TMA epilogue operands: SwiGLU backward, cooperative consumers, TMA-loaded operands");
   static_assert(SCHEDULE == HOST_TABLE_OFFSET,
                 "Sm90Config.smem_bytes (cupy_moe/gpu/gemm.py) disagrees with this layout");
 };
@@ -117,18 +130,40 @@ __device__ __forceinline__ void tma_tile(u8* tile, const TmaDesc* map, u64* bar,
   }
 }
 
+// The SwiGLU epilogue's operand tiles (gate, up[, act]: tensor maps tma_e[0..E_TILES)) of tile tc
+// into the epilogue buffer, once the consumers have freed it (j: the CTA's tile count).
+template <class Cfg>
+__device__ __forceinline__ void load_epilogue_operands(const GemmSm90Params& P, const Tile& tc, u8* epi,
+                                                       u64* epi_bar, int j) {
+  using L = Plan<Cfg>;
+  mbar_wait(&epi_bar[1], (j & 1) ^ 1);
+  mbar_arrive_expect_tx(&epi_bar[0], L::E_TILES * L::E_TILE_BYTES);
+  #pragma unroll
+  for (int e = 0; e < L::E_TILES; ++e)
+    #pragma unroll
+    for (int a = 0; a < Cfg::BN / 64; ++a)
+      tma_load_3d(epi + e * L::E_TILE_BYTES + a * (BM * 128), &P.tma_e[e], &epi_bar[0], tc.n0 + 64 * a, tc.m0, 0);
+}
+
 template <class Cfg>
 __device__ __forceinline__ void producer(const GemmSm90Params& P, const TileScheduler<BM, Cfg::BN, Cfg::GROUPING>& sched,
-                                         u8* smem, u64* full, u64* empty, int tid) {
+                                         u8* smem, u64* full, u64* empty, u64* epi_bar, int tid) {
   using L = Plan<Cfg>;
   constexpr int BN = Cfg::BN;
   const GemmParams& p = P.base;
   if (!L::CPA && tid != 0) return;  // TMA needs one thread
   int stage = 0, issued = 0;
   u32 phase = 0;
-  for (int t = blockIdx.x; t < sched.total; t += gridDim.x) {
+  for (int t = blockIdx.x, j = 0; t < sched.total; t += gridDim.x, ++j) {
     const Tile tc = sched.tile(t);
     const int grp = Cfg::GROUPING == kMGrouped ? tc.group : 0;
+    // Epilogue operands go out after the stage the consumers' release waits for (see E_RELEASE_AT).
+    int kt = 0, e_at = -1;
+    if constexpr (L::E_TILES > 0) {
+      const int nk = sched.template k_tiles<BK>(tc);
+      e_at = min(L::E_RELEASE_AT, nk - 1) + 1;
+      if (e_at <= 0) load_epilogue_operands<Cfg>(P, tc, smem + L::EPI, epi_bar, j);
+    }
     for (int s = 0; s < p.num_segments; ++s) {
       const int k_begin = Cfg::GROUPING == kKGrouped ? tc.k_lo : 0;
       const int k_end = Cfg::GROUPING == kKGrouped ? tc.k_hi : p.seg_k[s];
@@ -162,6 +197,9 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const TileSche
         }
         ++issued;
         if (++stage == Cfg::STAGES) { stage = 0; phase ^= 1; }
+        if constexpr (L::E_TILES > 0) {
+          if (++kt == e_at) load_epilogue_operands<Cfg>(P, tc, smem + L::EPI, epi_bar, j);
+        }
       }
     }
   }
@@ -223,6 +261,35 @@ __device__ __forceinline__ void store_tile_direct(const GemmParams& p, const Til
   }
 }
 
+// dg, du (packed bf16 pairs) of two adjacent elements from da' (d), gate and up (packed bf16
+// pairs) and the row's routing weight w; contract: SOL-080's rounding points, no weight.
+__device__ __forceinline__ void swiglu_grad_pair(const float (&d)[2], u32 g2, u32 u2, float w, bool contract,
+                                                 u32& dg2, u32& du2) {
+  const u32 gb[2] = {g2 & 0xffff, g2 >> 16}, ub[2] = {u2 & 0xffff, u2 >> 16};
+  float dg[2], du[2];
+  #pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const float gv = bf16_to_f32(gb[e]), uv = bf16_to_f32(ub[e]);
+    const float sg = sigmoid_f32(gv);
+    if (contract) {  // sol080.md: d_act = bf16(.), t = bf16(d_act u), du = d_act bf16(silu(g))
+      const float da = round_bf16(d[e]);
+      dg[e] = round_bf16(da * uv) * sg * (1.f + gv * (1.f - sg));
+      du[e] = da * round_bf16(gv * sg);
+    } else {
+      const float da = w * d[e];
+      dg[e] = da * uv * (sg * (1.f + gv * (1.f - sg)));
+      du[e] = da * (gv * sg);
+    }
+  }
+  dg2 = pack_bf16x2(dg[0], dg[1]);
+  du2 = pack_bf16x2(du[0], du[1]);
+}
+
+// A row's routing weight for the SwiGLU epilogue (1 outside the rows or without weights).
+__device__ __forceinline__ float swiglu_row_weight(const GemmParams& p, int row, int m_hi) {
+  return p.e_row_weight && row < m_hi ? p.e_row_weight[p.e_row_index ? p.e_row_index[row] : row] : 1.f;
+}
+
 // SwiGLU backward from the unweighted activation gradient da' (the accumulators, never stored):
 // da = w da'; dg = bf16(da u silu'(g)), du = bf16(da silu(g)); routed experts (e_aw set) also
 // get aw = bf16(w a) and one partial of <da', a> per (row, column tile), summed by the caller in a
@@ -242,10 +309,7 @@ __device__ __forceinline__ void swiglu_backward_tile(const GemmParams& p, const 
   const i64 ld_grad = p.e_ld_grad ? p.e_ld_grad : p.ldc;  // dg and du's rows
   float w[2], dot[2] = {0.f, 0.f};
   #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = row0 + 8 * h;
-    w[h] = p.e_row_weight && row < tc.m_hi ? p.e_row_weight[p.e_row_index ? p.e_row_index[row] : row] : 1.f;
-  }
+  for (int h = 0; h < 2; ++h) w[h] = swiglu_row_weight(p, row0 + 8 * h, tc.m_hi);
   #pragma unroll
   for (int jb = 0; jb < Cfg::BN / 8; jb += JB) {
     u32 g2[JB][2], u2[JB][2], a2[JB][2];
@@ -268,24 +332,10 @@ __device__ __forceinline__ void swiglu_backward_tile(const GemmParams& p, const 
         if (row >= tc.m_hi || col >= p.n) continue;
         const i64 at = (i64)row * p.ldc + col, at_grad = (i64)row * ld_grad + col;
         const float d[2] = {acc[4 * (jb + j) + 2 * h], acc[4 * (jb + j) + 2 * h + 1]};
-        const u32 gb[2] = {g2[j][h] & 0xffff, g2[j][h] >> 16}, ub[2] = {u2[j][h] & 0xffff, u2[j][h] >> 16};
-        float dg[2], du[2];
-        #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float gv = bf16_to_f32(gb[e]), uv = bf16_to_f32(ub[e]);
-          const float sg = sigmoid_f32(gv);
-          if (p.e_contract) {  // sol080.md: d_act = bf16(.), t = bf16(d_act u), du = d_act bf16(silu(g))
-            const float da = round_bf16(d[e]);
-            dg[e] = round_bf16(da * uv) * sg * (1.f + gv * (1.f - sg));
-            du[e] = da * round_bf16(gv * sg);
-          } else {
-            const float da = w[h] * d[e];
-            dg[e] = da * uv * (sg * (1.f + gv * (1.f - sg)));
-            du[e] = da * (gv * sg);
-          }
-        }
-        *(u32*)((bf16_t*)p.e_dg + at_grad) = pack_bf16x2(dg[0], dg[1]);
-        *(u32*)((bf16_t*)p.e_du + at_grad) = pack_bf16x2(du[0], du[1]);
+        u32 dg2, du2;
+        swiglu_grad_pair(d, g2[j][h], u2[j][h], w[h], p.e_contract, dg2, du2);
+        *(u32*)((bf16_t*)p.e_dg + at_grad) = dg2;
+        *(u32*)((bf16_t*)p.e_du + at_grad) = du2;
         if (routed) {
           const float a0 = bf16_to_f32(a2[j][h] & 0xffff), a1 = bf16_to_f32(a2[j][h] >> 16);
           *(u32*)((bf16_t*)p.e_aw + at) = pack_bf16x2(w[h] * a0, w[h] * a1);
@@ -300,6 +350,77 @@ __device__ __forceinline__ void swiglu_backward_tile(const GemmParams& p, const 
     dot[h] += __shfl_xor_sync(0xffffffffu, dot[h], 2);
     const int row = row0 + 8 * h;
     if (lane % 4 == 0 && row < tc.m_hi) p.e_row_partial[(i64)row * p.e_partial_ld + tc.n0 / Cfg::BN] = dot[h];
+  }
+}
+
+// The same SwiGLU backward with the operands already in the epilogue buffer (E_TILES tiles of
+// [BN / 64 atoms][BM rows][128 B], 128-byte swizzled as TMA wrote them): each thread reads its
+// accumulators' elements (conflict-free, the pattern store_tile_tma writes), computes, and writes
+// dg, du (and aw) over gate, up (and act) in place. Whole tiles leave by TMA stores issued by one
+// thread (which frees the buffer later, see consumer); a tile straddling an expert's end is
+// copied out row by row with 16-byte stores up to m_hi. w: this thread's two rows' weights.
+template <class Cfg>
+__device__ __forceinline__ void swiglu_backward_staged(const GemmSm90Params& P, const Tile& tc,
+                                                       const float (&acc)[Cfg::BN / 2], const float (&w)[2],
+                                                       u8* epi, int wg, int tid) {
+  using L = Plan<Cfg>;
+  constexpr int BN = Cfg::BN, TB = L::E_TILE_BYTES;
+  constexpr bool ROUTED = L::E_TILES == 3;
+  const GemmParams& p = P.base;
+  const int warp = tid / 32, lane = tid % 32;
+  const bool contract = p.e_contract != 0;
+  float dot[2] = {0.f, 0.f};
+  #pragma unroll
+  for (int j = 0; j < BN / 8; ++j)
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = 16 * warp + lane / 4 + 8 * h;
+      const int off = (j / 8) * (BM * 128) + (64 * wg + r) * 128 + (((j % 8) ^ (r % 8)) << 4) + 4 * (lane % 4);
+      const float d[2] = {acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]};
+      u32 dg2, du2;
+      swiglu_grad_pair(d, *(const u32*)(epi + off), *(const u32*)(epi + TB + off), w[h], contract, dg2, du2);
+      *(u32*)(epi + off) = dg2;
+      *(u32*)(epi + TB + off) = du2;
+      if constexpr (ROUTED) {  // columns past n arrive as zeros: no term in the dot
+        const u32 a2 = *(const u32*)(epi + 2 * TB + off);
+        const float a0 = bf16_to_f32(a2 & 0xffff), a1 = bf16_to_f32(a2 >> 16);
+        *(u32*)(epi + 2 * TB + off) = pack_bf16x2(w[h] * a0, w[h] * a1);
+        dot[h] += d[0] * a0 + d[1] * a1;
+      }
+    }
+  if (ROUTED && p.e_row_partial) {
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      dot[h] += __shfl_xor_sync(0xffffffffu, dot[h], 1);
+      dot[h] += __shfl_xor_sync(0xffffffffu, dot[h], 2);
+      const int row = tc.m0 + 64 * wg + 16 * warp + lane / 4 + 8 * h;
+      if (lane % 4 == 0 && row < tc.m_hi) p.e_row_partial[(i64)row * p.e_partial_ld + tc.n0 / BN] = dot[h];
+    }
+  }
+  fence_proxy_async();  // the in-place results, for the TMA stores
+  named_barrier(1, 256);
+  if (Cfg::GROUPING != kMGrouped || tc.m0 + BM <= tc.m_hi) {  // TMA clips at the tensor's edges
+    if (wg == 0 && tid == 0) {
+      #pragma unroll
+      for (int e = 0; e < L::E_TILES; ++e)
+        #pragma unroll
+        for (int a = 0; a < BN / 64; ++a)
+          tma_store_3d(&P.tma_e[3 + e], epi + e * TB + a * (BM * 128), tc.n0 + 64 * a, tc.m0, 0);
+      bulk_commit();
+    }
+  } else {
+    const int rows = tc.m_hi - tc.m0, per_tile = rows * (BN / 8);
+    const i64 ld_grad = p.e_ld_grad ? p.e_ld_grad : p.ldc;
+    for (int i = tid + 128 * wg; i < L::E_TILES * per_tile; i += 256) {
+      const int e = i / per_tile, r = i % per_tile / (BN / 8), c = i % (BN / 8);
+      const int col = tc.n0 + 8 * c;
+      if (col >= p.n) continue;
+      void* base = e == 0 ? p.e_dg : e == 1 ? p.e_du : p.e_aw;
+      const i64 ld = e < 2 ? ld_grad : p.ldc;
+      const uint4 v = *(const uint4*)(epi + e * TB + (c / 8) * (BM * 128) + r * 128 + (((c % 8) ^ (r % 8)) << 4));
+      *(uint4*)((bf16_t*)base + (i64)(tc.m0 + r) * ld + col) = v;
+    }
+    named_barrier(1, 256);  // every read of the buffer is done before its release
   }
 }
 
@@ -347,7 +468,7 @@ __device__ __forceinline__ void store_tile_tma(const GemmSm90Params& P, const Ti
 // warpgroup has issued its previous tile's MMAs).
 template <class Cfg>
 __device__ __forceinline__ void consumer(const GemmSm90Params& P, const TileScheduler<BM, Cfg::BN, Cfg::GROUPING>& sched,
-                                         u8* smem, u64* full, u64* empty, u64* turn, int wg, int tid) {
+                                         u8* smem, u64* full, u64* empty, u64* turn, u64* epi_bar, int wg, int tid) {
   using L = Plan<Cfg>;
   constexpr int BN = Cfg::BN, HV = L::HALVES;
   const int warp = tid / 32, lane = tid % 32;
@@ -376,6 +497,22 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const TileSche
     for (int b = 0; b < HV; ++b)
       #pragma unroll
       for (int j = 0; j < BN / 2; ++j) acc[b][j] = 0.f;
+    // TMA epilogue operands: the rows' weights now (their loads hide under the main loop), and the
+    // buffer the previous tile's stores read handed back to the producer at E_RELEASE_AT.
+    float w[2] = {1.f, 1.f};
+    const int release_at = i > 0 ? min(L::E_RELEASE_AT, nk - 1) : -2;
+    auto release_epilogue = [&]() {
+      if (wg == 0 && tid == 0) {
+        bulk_wait_read();
+        mbar_arrive(&epi_bar[1]);
+      }
+      __syncwarp();
+    };
+    if constexpr (L::E_TILES > 0) {
+      #pragma unroll
+      for (int h = 0; h < 2; ++h) w[h] = swiglu_row_weight(P.base, tc.m0 + 64 * wg + 16 * warp + lane / 4 + 8 * h, tc.m_hi);
+      if (release_at == -1) release_epilogue();  // no reduction tiles
+    }
     int prev = -1;
     for (int kt = 0; kt < nk; ++kt) {
       mbar_wait(&full[stage], phase);
@@ -405,6 +542,9 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const TileSche
         }
       }
       wgmma_commit();
+      if constexpr (L::E_TILES > 0) {
+        if (kt == release_at) release_epilogue();
+      }
       #pragma unroll
       for (int b = 0; b < HV; ++b) fence_operands(acc[b]);
       wgmma_wait<1>();  // the previous stage's MMAs are done: hand its buffers back
@@ -420,7 +560,10 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const TileSche
     #pragma unroll
     for (int b = 0; b < HV; ++b) fence_operands(acc[b]);
     if (prev >= 0) release(prev);
-    if (L::TMA_STORE && (Cfg::GROUPING != kMGrouped || tc.m0 + row_off(0) + L::WG_ROWS <= tc.m_hi)) {
+    if constexpr (L::E_TILES > 0) {
+      mbar_wait(&epi_bar[0], i & 1);
+      swiglu_backward_staged<Cfg>(P, tc, acc[0], w, smem + L::EPI, wg, tid);
+    } else if (L::TMA_STORE && (Cfg::GROUPING != kMGrouped || tc.m0 + row_off(0) + L::WG_ROWS <= tc.m_hi)) {
       store_tile_tma<Cfg>(P, tc, acc, smem + L::STAGING + wg * L::STAGING_BYTES, row_off(0), wg, tid);
     } else {
       #pragma unroll
@@ -432,7 +575,7 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const TileSche
       }
     }
   }
-  if (L::TMA_STORE && tid == 0) bulk_wait();
+  if ((L::TMA_STORE || (L::E_TILES > 0 && wg == 0)) && tid == 0) bulk_wait();
 }
 
 template <class Cfg>
@@ -443,6 +586,7 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
   u64* full = (u64*)(smem + L::BARRIERS);
   u64* empty = full + Cfg::STAGES;
   u64* turn = (u64*)(smem + L::TURNS);
+  u64* epi_bar = (u64*)(smem + L::EPI_BARRIERS);  // [0] operands loaded, [1] buffer free
   int* tile_start = (int*)(smem + L::SCHEDULE);
   const int tid = threadIdx.x;
   if (tid == 0) {
@@ -452,6 +596,10 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
     }
     mbar_init(&turn[0], 1);
     mbar_init(&turn[1], 1);
+    if constexpr (L::E_TILES > 0) {
+      mbar_init(&epi_bar[0], 1);
+      mbar_init(&epi_bar[1], 1);
+    }
     fence_barrier_init();
   }
   if constexpr (Cfg::GROUPING == kMGrouped) {
@@ -461,11 +609,11 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
   const TileScheduler<BM, Cfg::BN, Cfg::GROUPING> sched(P.base, tile_start);
   if (tid < PRODUCER_THREADS) {
     setmaxnreg_dec<L::PRODUCER_REGS>();
-    producer<Cfg>(P, sched, smem, full, empty, tid);
+    producer<Cfg>(P, sched, smem, full, empty, epi_bar, tid);
   } else {
     setmaxnreg_inc<L::CONSUMER_REGS>();
     const int c = tid - PRODUCER_THREADS;
-    consumer<Cfg>(P, sched, smem, full, empty, turn, c / 128, c % 128);
+    consumer<Cfg>(P, sched, smem, full, empty, turn, epi_bar, c / 128, c % 128);
   }
 }
 
