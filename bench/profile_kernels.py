@@ -1,8 +1,13 @@
 """Where a public call's GPU time goes, kernel by kernel: every launch through cupy_moe._launch is
 bracketed by CUDA events and labelled with the line of cupy_moe that made it.
 Usage: PYTHONPATH=. python bench/profile_kernels.py layer [T] | sol080 [T]"""
+import os
 import sys
 import traceback
+
+# Events cannot be recorded inside a stream capture: SOL-080 runs eagerly here (its graph replay
+# would otherwise start on the traced call, the second with the same buffers).
+os.environ.setdefault("CUPY_MOE_GRAPHS", "0")
 
 import cupy as cp
 

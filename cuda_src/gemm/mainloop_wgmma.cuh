@@ -300,9 +300,9 @@ __device__ __forceinline__ float swiglu_row_weight(const GemmParams& p, int row,
 template <class Cfg>
 __device__ __forceinline__ void swiglu_backward_tile(const GemmParams& p, const Tile& tc,
                                                      const float (&acc)[Cfg::BN / 2], int row_off, int warp, int lane) {
-  // 8-column blocks per batch; a ping-pong warpgroup holds twice the accumulators, and the other
-  // warpgroup's MMAs hide its epilogue anyway.
-  constexpr int JB = Plan<Cfg>::PINGPONG ? 4 : 8;
+  // 8-column blocks per batch; a ping-pong warpgroup holds twice the accumulators (and the other
+  // warpgroup's MMAs hide its epilogue anyway), and so does a 256-wide tile.
+  constexpr int JB = Plan<Cfg>::PINGPONG || Cfg::BN == 256 ? 4 : 8;
   const int row0 = tc.m0 + row_off + 16 * warp + lane / 4;
   const int col0 = tc.n0 + 2 * (lane % 4);
   const bool routed = p.e_aw != nullptr;
@@ -513,9 +513,21 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const TileSche
       for (int h = 0; h < 2; ++h) w[h] = swiglu_row_weight(P.base, tc.m0 + 64 * wg + 16 * warp + lane / 4 + 8 * h, tc.m_hi);
       if (release_at == -1) release_epilogue();  // no reduction tiles
     }
+    // A cooperative warpgroup whose 64 rows all lie past an expert's end or past m (the last tile
+    // of a group) issues no MMAs: the other one then has the tensor cores to itself. (K-grouped
+    // tiles keep both: their masking is a barrier of the two.)
+    const bool idle = Cfg::GROUPING != kKGrouped && !L::PINGPONG && tc.m0 + 64 * wg >= tc.m_hi;
     int prev = -1;
     for (int kt = 0; kt < nk; ++kt) {
       mbar_wait(&full[stage], phase);
+      if (idle) {
+        if constexpr (L::E_TILES > 0) {
+          if (kt == release_at) release_epilogue();
+        }
+        release(stage);
+        if (++stage == Cfg::STAGES) { stage = 0; phase ^= 1; }
+        continue;
+      }
       if constexpr (L::MASK_A || L::MASK_B) {
         const int seg_tiles = (tc.k_hi - tc.k_lo + BK - 1) / BK;
         const int valid = tc.k_hi - tc.k_lo - (kt % seg_tiles) * BK;

@@ -11,6 +11,7 @@ warp-specialised, persistent) whenever the device is sm_90 and every address and
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 from dataclasses import dataclass
 from functools import lru_cache
@@ -31,6 +32,9 @@ PINGPONG = {"1": True, "0": False}.get(os.environ.get("CUPY_MOE_PINGPONG", ""), 
 # during the main loop and its results leave by TMA stores (else each thread loads and stores its
 # elements after the main loop); CUPY_MOE_EPILOGUE_TMA=0 turns it off for a process (A/B, tests).
 EPILOGUE_TMA = os.environ.get("CUPY_MOE_EPILOGUE_TMA", "1") != "0"
+# Benchmarks only: Sm90Config fields forced onto every Hopper config choose() makes (tile studies;
+# the caller keeps the result within shared memory). Empty in normal use.
+CONFIG_OVERRIDE: dict = {}
 GROUPINGS = {"none": 0, "m": 1, "k": 2}
 EPILOGUES = {"bf16": 0, "f32": 1, "f32_accumulate": 2, "swiglu_backward": 3}
 ENGINES = ("auto", "sm90", "mma")
@@ -264,8 +268,8 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
 
     opt = lambda a: 0 if a is None else _addr(a)
     sw = swiglu if epilogue == "swiglu_backward" else None
-    key = (cupy.cuda.Device().id, PINGPONG, EPILOGUE_TMA, m, n, a_kmajor, b_kmajor, opt(out), ldc, epilogue, grouping,
-           opt(group_offsets), num_groups, c_group_stride, opt(gather_a), opt(gather_b),
+    key = (cupy.cuda.Device().id, PINGPONG, EPILOGUE_TMA, tuple(sorted(CONFIG_OVERRIDE.items())),
+           m, n, a_kmajor, b_kmajor, opt(out), ldc, epilogue, grouping, opt(group_offsets), num_groups, c_group_stride, opt(gather_a), opt(gather_b),
            gather_div, engine,
            tuple((_addr(s.a), s.lda, _addr(s.b), s.ldb, s.k, s.b_group_stride) for s in segments),
            None if sw is None else tuple(opt(a) for a in (sw.gate, sw.up, sw.dg, sw.du, sw.act,
@@ -402,6 +406,8 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags) -> _Launch:
     e_tiles = _epilogue_tiles(p, n, flags) if not pingpong else 0
     cfg = Sm90Config.choose(m_tiles, n, sms, num_groups if grouping == "m" else 0, pingpong,
                             C_TMA=c_tma, E_TILES=e_tiles, **flags)
+    if CONFIG_OVERRIDE:
+        cfg = dataclasses.replace(cfg, **CONFIG_OVERRIDE)
     P = GemmSm90Params()
     P.base = p
     if e_tiles:  # gate, up, act, dg, du, aw as 2-D [m, n] tensors, one box = a 64-column atom
