@@ -59,7 +59,7 @@ def main():
         ("M-grouped fused SwiGLU, per-thread, BN 256, 4 st", fused(), dict(BN=256, STAGES=4), False),
         ("K-grouped dWd (auto: ping-pong 128)", dwd(), {}, True),
         ("K-grouped dWd, cooperative BN 128, 6 st", dwd(), dict(PINGPONG=False, STAGES=6), True),
-        ("K-grouped dWd, cooperative BN 256, 4 st", dwd(), dict(PINGPONG=False, BN=256, STAGES=4), True),
+        ("K-grouped dWd, cooperative BN 256, 3 st", dwd(), dict(PINGPONG=False, BN=256, STAGES=3), True),
     ]
     print(f"{'case':<52} {'us':>8} {'TFLOP/s':>8}")
     for name, fn, override, staged in cases:

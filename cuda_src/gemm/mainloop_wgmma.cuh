@@ -58,8 +58,8 @@ struct Plan {
   static constexpr int EPI_BARRIERS = TURNS + 2 * 8;                // epilogue operands in, buffer free
   static constexpr int SCHEDULE = EPI_BARRIERS + (E_TILES ? 2 * 8 : 0);  // TileScheduler::tile_start
   // The consumers free the buffer at this reduction tile of the next tile (the previous tile's
-  // stores have had a few k-steps to read it); the producer refills it right after issuing the
-  // stage that release needs, so the operands load under most of the main loop.
+  // stores have had a few k-steps to read it); a loader thread refills it at once, so the
+  // operands load under most of the main loop.
   static constexpr int E_RELEASE_AT = 2;
   static constexpr int FULL_ARRIVALS = 1 + (CPA ? PRODUCER_THREADS : 0);
   static constexpr int CPA_LAG = Cfg::STAGES - 2;  // cp.async stages in flight past the newest
@@ -130,40 +130,37 @@ __device__ __forceinline__ void tma_tile(u8* tile, const TmaDesc* map, u64* bar,
   }
 }
 
-// The SwiGLU epilogue's operand tiles (gate, up[, act]: tensor maps tma_e[0..E_TILES)) of tile tc
-// into the epilogue buffer, once the consumers have freed it (j: the CTA's tile count).
+// The SwiGLU epilogue's operand tiles (gate, up[, act]: tensor maps tma_e[0..E_TILES)) of every
+// tile into the epilogue buffer, each once the consumers have freed it. One thread of its own (not
+// the stage producer), so waiting for the buffer never holds back the main loop's loads.
 template <class Cfg>
-__device__ __forceinline__ void load_epilogue_operands(const GemmSm90Params& P, const Tile& tc, u8* epi,
-                                                       u64* epi_bar, int j) {
+__device__ __forceinline__ void epilogue_loader(const GemmSm90Params& P, const TileScheduler<BM, Cfg::BN, Cfg::GROUPING>& sched,
+                                                u8* epi, u64* epi_bar) {
   using L = Plan<Cfg>;
-  mbar_wait(&epi_bar[1], (j & 1) ^ 1);
-  mbar_arrive_expect_tx(&epi_bar[0], L::E_TILES * L::E_TILE_BYTES);
-  #pragma unroll
-  for (int e = 0; e < L::E_TILES; ++e)
+  for (int t = blockIdx.x, j = 0; t < sched.total; t += gridDim.x, ++j) {
+    const Tile tc = sched.tile(t);
+    mbar_wait(&epi_bar[1], (j & 1) ^ 1);
+    mbar_arrive_expect_tx(&epi_bar[0], L::E_TILES * L::E_TILE_BYTES);
     #pragma unroll
-    for (int a = 0; a < Cfg::BN / 64; ++a)
-      tma_load_3d(epi + e * L::E_TILE_BYTES + a * (BM * 128), &P.tma_e[e], &epi_bar[0], tc.n0 + 64 * a, tc.m0, 0);
+    for (int e = 0; e < L::E_TILES; ++e)
+      #pragma unroll
+      for (int a = 0; a < Cfg::BN / 64; ++a)
+        tma_load_3d(epi + e * L::E_TILE_BYTES + a * (BM * 128), &P.tma_e[e], &epi_bar[0], tc.n0 + 64 * a, tc.m0, 0);
+  }
 }
 
 template <class Cfg>
 __device__ __forceinline__ void producer(const GemmSm90Params& P, const TileScheduler<BM, Cfg::BN, Cfg::GROUPING>& sched,
-                                         u8* smem, u64* full, u64* empty, u64* epi_bar, int tid) {
+                                         u8* smem, u64* full, u64* empty, int tid) {
   using L = Plan<Cfg>;
   constexpr int BN = Cfg::BN;
   const GemmParams& p = P.base;
   if (!L::CPA && tid != 0) return;  // TMA needs one thread
   int stage = 0, issued = 0;
   u32 phase = 0;
-  for (int t = blockIdx.x, j = 0; t < sched.total; t += gridDim.x, ++j) {
+  for (int t = blockIdx.x; t < sched.total; t += gridDim.x) {
     const Tile tc = sched.tile(t);
     const int grp = Cfg::GROUPING == kMGrouped ? tc.group : 0;
-    // Epilogue operands go out after the stage the consumers' release waits for (see E_RELEASE_AT).
-    int kt = 0, e_at = -1;
-    if constexpr (L::E_TILES > 0) {
-      const int nk = sched.template k_tiles<BK>(tc);
-      e_at = min(L::E_RELEASE_AT, nk - 1) + 1;
-      if (e_at <= 0) load_epilogue_operands<Cfg>(P, tc, smem + L::EPI, epi_bar, j);
-    }
     for (int s = 0; s < p.num_segments; ++s) {
       const int k_begin = Cfg::GROUPING == kKGrouped ? tc.k_lo : 0;
       const int k_end = Cfg::GROUPING == kKGrouped ? tc.k_hi : p.seg_k[s];
@@ -197,9 +194,6 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const TileSche
         }
         ++issued;
         if (++stage == Cfg::STAGES) { stage = 0; phase ^= 1; }
-        if constexpr (L::E_TILES > 0) {
-          if (++kt == e_at) load_epilogue_operands<Cfg>(P, tc, smem + L::EPI, epi_bar, j);
-        }
       }
     }
   }
@@ -498,7 +492,7 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const TileSche
       #pragma unroll
       for (int j = 0; j < BN / 2; ++j) acc[b][j] = 0.f;
     // TMA epilogue operands: the rows' weights now (their loads hide under the main loop), and the
-    // buffer the previous tile's stores read handed back to the producer at E_RELEASE_AT.
+    // buffer the previous tile's stores read handed back to the loader at E_RELEASE_AT.
     float w[2] = {1.f, 1.f};
     const int release_at = i > 0 ? min(L::E_RELEASE_AT, nk - 1) : -2;
     auto release_epilogue = [&]() {
@@ -621,7 +615,10 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
   const TileScheduler<BM, Cfg::BN, Cfg::GROUPING> sched(P.base, tile_start);
   if (tid < PRODUCER_THREADS) {
     setmaxnreg_dec<L::PRODUCER_REGS>();
-    producer<Cfg>(P, sched, smem, full, empty, epi_bar, tid);
+    if constexpr (L::E_TILES > 0) {
+      if (tid == 32) epilogue_loader<Cfg>(P, sched, smem + L::EPI, epi_bar);
+    }
+    producer<Cfg>(P, sched, smem, full, empty, tid);
   } else {
     setmaxnreg_inc<L::CONSUMER_REGS>();
     const int c = tid - PRODUCER_THREADS;
