@@ -16,6 +16,8 @@ from cupy_moe.gpu import gemm as G
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--ncu", action="store_true",
+                    help="run the plain and the fused M-grouped GEMM once each, untimed (under ncu)")
     args = ap.parse_args()
     measure = timer(args.reps)
     rng = np.random.default_rng(0)
@@ -60,7 +62,14 @@ def main():
         ("K-grouped dWd (auto: ping-pong 128)", dwd(), {}, True),
         ("K-grouped dWd, cooperative BN 128, 6 st", dwd(), dict(PINGPONG=False, STAGES=6), True),
         ("K-grouped dWd, cooperative BN 256, 3 st", dwd(), dict(PINGPONG=False, BN=256, STAGES=3), True),
+        ("K-grouped dWd, coop BN 256, 4 st, direct stores", dwd(),
+         dict(PINGPONG=False, BN=256, STAGES=4, C_TMA=False), True),
     ]
+    if args.ncu:
+        plain()()
+        fused()()
+        cp.cuda.Device().synchronize()
+        return
     print(f"{'case':<52} {'us':>8} {'TFLOP/s':>8}")
     for name, fn, override, staged in cases:
         G.CONFIG_OVERRIDE.clear()

@@ -264,7 +264,7 @@ __device__ __forceinline__ void swiglu_grad_pair(const float (&d)[2], u32 g2, u3
   #pragma unroll
   for (int e = 0; e < 2; ++e) {
     const float gv = bf16_to_f32(gb[e]), uv = bf16_to_f32(ub[e]);
-    const float sg = sigmoid_f32(gv);
+    const float sg = sigmoid_fast(gv);
     if (contract) {  // sol080.md: d_act = bf16(.), t = bf16(d_act u), du = d_act bf16(silu(g))
       const float da = round_bf16(d[e]);
       dg[e] = round_bf16(da * uv) * sg * (1.f + gv * (1.f - sg));
