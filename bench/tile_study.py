@@ -56,9 +56,9 @@ def main():
         ("M-grouped plain (auto: BN 128, 5 stages)", plain(), {}, True),
         ("M-grouped plain, 4 stages", plain(), dict(STAGES=4), True),
         ("M-grouped plain, BN 256, 3 stages", plain(), dict(BN=256, STAGES=3), True),
-        ("M-grouped fused SwiGLU, staged (auto)", fused(), {}, True),
-        ("M-grouped fused SwiGLU, per-thread, BN 128", fused(), {}, False),
-        ("M-grouped fused SwiGLU, per-thread, BN 256, 4 st", fused(), dict(BN=256, STAGES=4), False),
+        ("M-grouped fused SwiGLU, staged on epilogue warps (auto)", fused(), {}, True),
+        ("M-grouped fused SwiGLU, on the consumers, BN 128", fused(), {}, False),
+        ("M-grouped fused SwiGLU, on the consumers, BN 256, 4 st", fused(), dict(BN=256, STAGES=4), False),
         ("K-grouped dWd (auto: ping-pong 128)", dwd(), {}, True),
         ("K-grouped dWd, cooperative BN 128, 6 st", dwd(), dict(PINGPONG=False, STAGES=6), True),
         ("K-grouped dWd, cooperative BN 256, 3 st", dwd(), dict(PINGPONG=False, BN=256, STAGES=3), True),
@@ -74,7 +74,7 @@ def main():
     for name, fn, override, staged in cases:
         G.CONFIG_OVERRIDE.clear()
         G.CONFIG_OVERRIDE.update(override)
-        G.EPILOGUE_TMA = staged
+        G.STAGED_EPILOGUE = staged
         try:
             t = measure(fn, warmup=2)
             print(f"{name:<52} {t:8.1f} {flops / t / 1e6:8.1f}", flush=True)

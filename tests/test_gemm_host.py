@@ -150,31 +150,27 @@ def test_every_chosen_config_fits_shared_memory(pingpong):
                     assert cfg.smem_bytes(table) <= G.Sm90Config.SMEM_LIMIT, (cfg, table)
 
 
-def test_swiglu_operands_staged_by_tma_where_aligned(host, scratch, monkeypatch):
-    """Routed experts stage gate, up and act (3 tiles), the shared expert gate and up (2); an
-    unaligned row, the switch off or ping-pong consumers take the per-thread path (0)."""
+def test_swiglu_epilogue_staged_where_aligned(host, scratch, monkeypatch):
+    """Routed experts and the shared expert alike stage their accumulators for the epilogue
+    warps (128-wide tiles); an unaligned row, a narrow output, the switch off or ping-pong
+    consumers take the per-thread path."""
     launches, _ = host
-    sw = _swiglu_call()
+    _swiglu_call()
     cfg = launches[-1][0][1]
-    assert cfg.E_TILES == 3 and cfg.BN == 128 and not cfg.PINGPONG
-    P = G.GemmSm90Params.from_buffer_copy(launches[-1][4])
-    for i, arr in enumerate((sw.gate, sw.up, sw.act, sw.dg, sw.du, sw.aw)):
-        assert repr(arr.data.ptr).encode() in bytes(P.tma_e[i])  # the stand-in encodes the address
+    assert cfg.E_STAGED and cfg.BN == 128 and not cfg.PINGPONG
     assert cfg.smem_bytes(0) <= G.Sm90Config.SMEM_LIMIT
-
     plain = G.SwigluBackward(gate=_Array(0x3000_0000), up=_Array(0x3100_0000),
                              dg=_Array(0x3200_0000), du=_Array(0x3300_0000))
     G.gemm(m=300, n=1408, segments=[G.Segment(_Array(0x1000_0000), 4096, _Array(0x2000_0000), 1408,
                                               k=4096)],
            a_kmajor=True, b_kmajor=False, out=None, ldc=1408, epilogue="swiglu_backward", swiglu=plain)
-    assert launches[-1][0][1].E_TILES == 2
-
-    _swiglu_call(ldc=1412)  # rows not on 16-byte boundaries
-    assert launches[-1][0][1].E_TILES == 0
-    monkeypatch.setattr(G, "EPILOGUE_TMA", False)
+    assert launches[-1][0][1].E_STAGED
+    _swiglu_call(ldc=1410)  # rows not on 4-element boundaries
+    assert not launches[-1][0][1].E_STAGED
+    monkeypatch.setattr(G, "STAGED_EPILOGUE", False)
     _swiglu_call()
-    assert launches[-1][0][1].E_TILES == 0
-    monkeypatch.setattr(G, "EPILOGUE_TMA", True)
+    assert not launches[-1][0][1].E_STAGED
+    monkeypatch.setattr(G, "STAGED_EPILOGUE", True)
     monkeypatch.setattr(G, "PINGPONG", True)
     _swiglu_call()
-    assert launches[-1][0][1].E_TILES == 0 and launches[-1][0][1].PINGPONG
+    assert not launches[-1][0][1].E_STAGED and launches[-1][0][1].PINGPONG

@@ -23,14 +23,14 @@ ENGINES = pytest.mark.parametrize("engine", ["sm90", "sm90-pingpong", "mma"])
 
 def _run(engine, **kw):
     """gemm() on one main loop: 'sm90' the Hopper loop with cooperative consumer warpgroups,
-    'sm90-pingpong' with ping-pong ones, 'sm90-direct' cooperative with the SwiGLU epilogue's
-    operands loaded by each thread (not staged by TMA), 'mma' the portable loop; the sm90 cases
-    skip shapes that main loop does not take."""
+    'sm90-pingpong' with ping-pong ones, 'sm90-direct' cooperative with the SwiGLU epilogue run
+    by the consumers themselves (not staged for the epilogue warps), 'mma' the portable loop; the
+    sm90 cases skip shapes that main loop does not take."""
     from cupy_moe.gpu import gemm
 
-    saved = gemm.PINGPONG, gemm.EPILOGUE_TMA
+    saved = gemm.PINGPONG, gemm.STAGED_EPILOGUE
     gemm.PINGPONG = engine == "sm90-pingpong"
-    gemm.EPILOGUE_TMA = engine != "sm90-direct"
+    gemm.STAGED_EPILOGUE = engine != "sm90-direct"
     try:
         gemm.gemm(engine=engine.split("-")[0], **kw)
     except ValueError as exc:
@@ -38,7 +38,7 @@ def _run(engine, **kw):
             pytest.skip(str(exc))
         raise
     finally:
-        gemm.PINGPONG, gemm.EPILOGUE_TMA = saved
+        gemm.PINGPONG, gemm.STAGED_EPILOGUE = saved
 
 
 def _ld(cols, padded):
@@ -193,14 +193,15 @@ def test_more_tiles_than_sms(grouping, engine):
 
 
 @pytest.mark.parametrize("n,k,G,M", [(136, 200, 5, 301), (1408, 264, 5, 301), (13, 40, 5, 301),
-                                     (200, 136, 3, 1031), (1408, 72, 1, 389), (64, 40, 4, 777)])
+                                     (200, 136, 3, 1031), (1408, 72, 1, 389), (64, 40, 4, 777),
+                                     (1408, 136, 7, 20011)])
 @pytest.mark.parametrize("routed", [True, False])
 @pytest.mark.parametrize("engine", ["sm90", "sm90-direct", "sm90-pingpong", "mma"])
 def test_swiglu_backward_epilogue(n, k, G, M, routed, engine):
     """da' = dy W (M-grouped, never stored) -> dg, du, aw and dw = <da', a>, as the elementwise
     kernel computes them from an fp32 da' (the mma engine runs exactly that composition). The
-    larger cases have whole 128-row tiles inside an expert (TMA stores) next to tiles that
-    straddle an expert's end (row-bounded copies), and a tile past n's last multiple of 128."""
+    larger cases have whole 128-row tiles inside an expert next to tiles that straddle an
+    expert's end, more tiles than SMs, and a tile past n's last multiple of 128."""
     import cupy as cp
     from cupy_moe.gpu.gemm import Segment, SwigluBackward
 

@@ -48,25 +48,24 @@ struct Plan {
   static constexpr int WG_ROWS = 64 * HALVES;
   static constexpr int STAGING = Cfg::STAGES * STAGE_BYTES;        // per consumer warpgroup:
   static constexpr int STAGING_BYTES = TMA_STORE ? WG_ROWS * Cfg::BN * 2 : 0;  // its rows in bf16
-  // SwiGLU backward with E_TILES > 0: the tile's gate, up (and act) rows arrive by TMA into this
-  // buffer during the main loop; dg, du (and aw) overwrite them in place and leave by TMA stores.
-  static constexpr int E_TILES = Cfg::E_TILES;
-  static constexpr int E_TILE_BYTES = BM * Cfg::BN * 2;
-  static constexpr int EPI = STAGING + CONSUMER_WARPGROUPS * STAGING_BYTES;
-  static constexpr int BARRIERS = EPI + E_TILES * E_TILE_BYTES;     // full, empty
+  // SwiGLU backward with E_STAGED: the consumers leave each tile's fp32 accumulators (da') in
+  // this buffer and go on with the next tile; E_WARPS spare warps of the producer warpgroup turn
+  // them into dg, du (and aw, dw) meanwhile, reading gate, up (and act) from global memory.
+  static constexpr bool E_STAGED = Cfg::E_STAGED;
+  static constexpr int E_WARPS = 3;                        // producer warps 1..3
+  static constexpr int DACC_ROW_BYTES = Cfg::BN * 4;
+  static constexpr int DACC = STAGING + CONSUMER_WARPGROUPS * STAGING_BYTES;
+  static constexpr int BARRIERS = DACC + (E_STAGED ? BM * DACC_ROW_BYTES : 0);  // full, empty
   static constexpr int TURNS = BARRIERS + 2 * Cfg::STAGES * 8;     // ping-pong: whose MMAs next
-  static constexpr int EPI_BARRIERS = TURNS + 2 * 8;                // epilogue operands in, buffer free
-  static constexpr int SCHEDULE = EPI_BARRIERS + (E_TILES ? 2 * 8 : 0);  // TileScheduler::tile_start
-  // The consumers free the buffer at this reduction tile of the next tile (the previous tile's
-  // stores have had a few k-steps to read it); a loader thread refills it at once, so the
-  // operands load under most of the main loop.
-  static constexpr int E_RELEASE_AT = 2;
+  static constexpr int EPI_BARRIERS = TURNS + 2 * 8;                // da' staged, buffer free
+  static constexpr int SCHEDULE = EPI_BARRIERS + (E_STAGED ? 2 * 8 : 0);  // TileScheduler::tile_start
   static constexpr int FULL_ARRIVALS = 1 + (CPA ? PRODUCER_THREADS : 0);
   static constexpr int CPA_LAG = Cfg::STAGES - 2;  // cp.async stages in flight past the newest
   // Lane 0 of each warp that reads a stage: both consumer warpgroups', or its owner's.
   static constexpr int EMPTY_ARRIVALS = (PINGPONG ? 1 : CONSUMER_WARPGROUPS) * 4;
-  // Register split: the producer needs few, each consumer thread holds BN / 2 accumulators.
-  static constexpr int PRODUCER_REGS = 56, CONSUMER_REGS = 224;
+  // Register split: the producer needs few (more with the epilogue warps), each consumer thread
+  // holds BN / 2 accumulators.
+  static constexpr int PRODUCER_REGS = E_STAGED ? 104 : 56, CONSUMER_REGS = E_STAGED ? 200 : 224;
   static_assert(Cfg::BN == 64 || Cfg::BN == 128 || Cfg::BN == 256, "BN");
   static_assert(!PINGPONG || Cfg::BN <= 128, "a ping-pong warpgroup holds 128 x BN accumulators");
   static_assert(MAX_SEGMENTS >= 1, "segments");
@@ -76,9 +75,8 @@ struct Plan {
   static_assert(Cfg::GROUPING != kMGrouped || Cfg::A_KMAJOR, "M-grouped GEMMs take a K-major A");
   static_assert(Cfg::GROUPING != kKGrouped || (!Cfg::A_KMAJOR && !Cfg::B_KMAJOR),
                 "K-grouped GEMMs reduce over memory lines: both operands MN-major");
-  static_assert(E_TILES == 0 || ((E_TILES == 2 || E_TILES == 3) && Cfg::EPILOGUE == kSwigluBackward &&
-                                  !PINGPONG && !Cfg::C_TMA && !CPA && Cfg::BN <= 128),
-                "TMA epilogue operands: SwiGLU backward, cooperative consumers, TMA-loaded operands");
+  static_assert(!E_STAGED || (Cfg::EPILOGUE == kSwigluBackward && !PINGPONG && !Cfg::C_TMA && !CPA &&
+                               Cfg::BN == 128), "staged SwiGLU epilogue: cooperative 128 x 128, TMA loads");
   static_assert(SCHEDULE == HOST_TABLE_OFFSET,
                 "Sm90Config.smem_bytes (cupy_moe/gpu/gemm.py) disagrees with this layout");
 };
@@ -127,25 +125,6 @@ __device__ __forceinline__ void tma_tile(u8* tile, const TmaDesc* map, u64* bar,
   } else {
     #pragma unroll
     for (int a = 0; a < OUTER / 64; ++a) tma_load_3d(tile + a * ATOM_BYTES, map, bar, outer0 + 64 * a, k0, group);
-  }
-}
-
-// The SwiGLU epilogue's operand tiles (gate, up[, act]: tensor maps tma_e[0..E_TILES)) of every
-// tile into the epilogue buffer, each once the consumers have freed it. One thread of its own (not
-// the stage producer), so waiting for the buffer never holds back the main loop's loads.
-template <class Cfg>
-__device__ __forceinline__ void epilogue_loader(const GemmSm90Params& P, const TileScheduler<BM, Cfg::BN, Cfg::GROUPING>& sched,
-                                                u8* epi, u64* epi_bar) {
-  using L = Plan<Cfg>;
-  for (int t = blockIdx.x, j = 0; t < sched.total; t += gridDim.x, ++j) {
-    const Tile tc = sched.tile(t);
-    mbar_wait(&epi_bar[1], (j & 1) ^ 1);
-    mbar_arrive_expect_tx(&epi_bar[0], L::E_TILES * L::E_TILE_BYTES);
-    #pragma unroll
-    for (int e = 0; e < L::E_TILES; ++e)
-      #pragma unroll
-      for (int a = 0; a < Cfg::BN / 64; ++a)
-        tma_load_3d(epi + e * L::E_TILE_BYTES + a * (BM * 128), &P.tma_e[e], &epi_bar[0], tc.n0 + 64 * a, tc.m0, 0);
   }
 }
 
@@ -347,74 +326,88 @@ __device__ __forceinline__ void swiglu_backward_tile(const GemmParams& p, const 
   }
 }
 
-// The same SwiGLU backward with the operands already in the epilogue buffer (E_TILES tiles of
-// [BN / 64 atoms][BM rows][128 B], 128-byte swizzled as TMA wrote them): each thread reads its
-// accumulators' elements (conflict-free, the pattern store_tile_tma writes), computes, and writes
-// dg, du (and aw) over gate, up (and act) in place. Whole tiles leave by TMA stores issued by one
-// thread (which frees the buffer later, see consumer); a tile straddling an expert's end is
-// copied out row by row with 16-byte stores up to m_hi. w: this thread's two rows' weights.
+// Staged SwiGLU epilogue. The buffer holds a tile's da' as fp32 rows of BN = 128 (512 bytes),
+// 16-byte chunk c of row r at chunk c ^ (2 (r % 4)): the consumers' float2 writes (4 rows x 2
+// chunks per half-warp) and the epilogue warps' row reads are free of bank conflicts.
+__device__ __forceinline__ int dacc_offset(int r, int chunk) {
+  return r * 512 + ((chunk ^ (2 * (r % 4))) << 4);
+}
+
+// A consumer warpgroup's accumulators (its 64 rows) into the buffer.
 template <class Cfg>
-__device__ __forceinline__ void swiglu_backward_staged(const GemmSm90Params& P, const Tile& tc,
-                                                       const float (&acc)[Cfg::BN / 2], const float (&w)[2],
-                                                       u8* epi, int wg, int tid) {
-  using L = Plan<Cfg>;
-  constexpr int BN = Cfg::BN, TB = L::E_TILE_BYTES;
-  constexpr bool ROUTED = L::E_TILES == 3;
-  const GemmParams& p = P.base;
+__device__ __forceinline__ void stage_accumulators(const float (&acc)[Cfg::BN / 2], u8* dacc, int wg, int tid) {
   const int warp = tid / 32, lane = tid % 32;
-  const bool contract = p.e_contract != 0;
-  float dot[2] = {0.f, 0.f};
   #pragma unroll
-  for (int j = 0; j < BN / 8; ++j)
+  for (int j = 0; j < Cfg::BN / 8; ++j)
     #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = 16 * warp + lane / 4 + 8 * h;
-      const int off = (j / 8) * (BM * 128) + (64 * wg + r) * 128 + (((j % 8) ^ (r % 8)) << 4) + 4 * (lane % 4);
-      const float d[2] = {acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]};
-      u32 dg2, du2;
-      swiglu_grad_pair(d, *(const u32*)(epi + off), *(const u32*)(epi + TB + off), w[h], contract, dg2, du2);
-      *(u32*)(epi + off) = dg2;
-      *(u32*)(epi + TB + off) = du2;
-      if constexpr (ROUTED) {  // columns past n arrive as zeros: no term in the dot
-        const u32 a2 = *(const u32*)(epi + 2 * TB + off);
-        const float a0 = bf16_to_f32(a2 & 0xffff), a1 = bf16_to_f32(a2 >> 16);
-        *(u32*)(epi + 2 * TB + off) = pack_bf16x2(w[h] * a0, w[h] * a1);
-        dot[h] += d[0] * a0 + d[1] * a1;
+      const int r = 64 * wg + 16 * warp + lane / 4 + 8 * h, col = 8 * j + 2 * (lane % 4);
+      *(float2*)(dacc + dacc_offset(r, col / 4) + 4 * (col % 4)) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+    }
+}
+
+// The epilogue warps (ew = 0 .. E_WARPS - 1): for every tile of the CTA, once the consumers have
+// staged its da', rows ew * R, ew * R + E_WARPS * R, ... (R at a time, loads first), one row per
+// warp, 4 columns per lane: dg, du (and aw = bf16(w a), one partial of <da', a> per row and tile)
+// from gate, up (and act), 8-byte loads and stores, coalesced along the row. Then the buffer is
+// handed back. Columns past n and rows past the tile's group are neither read nor written.
+template <class Cfg>
+__device__ __forceinline__ void swiglu_epilogue_warps(const GemmSm90Params& P,
+                                                      const TileScheduler<BM, Cfg::BN, Cfg::GROUPING>& sched,
+                                                      const u8* dacc, u64* epi_bar, int ew, int lane) {
+  using L = Plan<Cfg>;
+  constexpr int R = 4;
+  const GemmParams& p = P.base;
+  const bool routed = p.e_aw != nullptr, contract = p.e_contract != 0;
+  const i64 ld_grad = p.e_ld_grad ? p.e_ld_grad : p.ldc;
+  const bf16_t *gate = (const bf16_t*)p.e_gate, *up = (const bf16_t*)p.e_up, *act = (const bf16_t*)p.e_act;
+  for (int t = blockIdx.x, j = 0; t < sched.total; t += gridDim.x, ++j) {
+    const Tile tc = sched.tile(t);
+    const int rows = min(BM, tc.m_hi - tc.m0), col = tc.n0 + 4 * lane;
+    const bool col_ok = col < p.n;
+    mbar_wait(&epi_bar[0], j & 1);
+    for (int r0 = ew * R; r0 < rows; r0 += L::E_WARPS * R) {
+      uint2 g2[R], u2[R], a2[R];
+      float4 d[R];
+      float w[R];
+      #pragma unroll
+      for (int q = 0; q < R; ++q) {
+        const int r = r0 + q, row = tc.m0 + r;
+        const bool ok = r < rows && col_ok;
+        const i64 at = (i64)row * p.ldc + col;
+        g2[q] = ok ? __ldg((const uint2*)(gate + at)) : make_uint2(0, 0);
+        u2[q] = ok ? __ldg((const uint2*)(up + at)) : make_uint2(0, 0);
+        a2[q] = ok && routed ? __ldg((const uint2*)(act + at)) : make_uint2(0, 0);
+        w[q] = swiglu_row_weight(p, row, r < rows ? tc.m_hi : row);
+        d[q] = *(const float4*)(dacc + dacc_offset(r % BM, lane));
+      }
+      #pragma unroll
+      for (int q = 0; q < R; ++q) {
+        const int r = r0 + q, row = tc.m0 + r;
+        if (r >= rows) break;  // the same for the whole warp
+        const float lo[2] = {d[q].x, d[q].y}, hi[2] = {d[q].z, d[q].w};
+        uint2 dg, du;
+        swiglu_grad_pair(lo, g2[q].x, u2[q].x, w[q], contract, dg.x, du.x);
+        swiglu_grad_pair(hi, g2[q].y, u2[q].y, w[q], contract, dg.y, du.y);
+        const i64 at = (i64)row * p.ldc + col, at_grad = (i64)row * ld_grad + col;
+        if (col_ok) {
+          *(uint2*)((bf16_t*)p.e_dg + at_grad) = dg;
+          *(uint2*)((bf16_t*)p.e_du + at_grad) = du;
+        }
+        if (routed) {  // act is zero past n: no term in the dot
+          const float a[4] = {bf16_to_f32(a2[q].x & 0xffff), bf16_to_f32(a2[q].x >> 16),
+                              bf16_to_f32(a2[q].y & 0xffff), bf16_to_f32(a2[q].y >> 16)};
+          if (col_ok)
+            *(uint2*)((bf16_t*)p.e_aw + at) = make_uint2(pack_bf16x2(w[q] * a[0], w[q] * a[1]),
+                                                         pack_bf16x2(w[q] * a[2], w[q] * a[3]));
+          float dot = (d[q].x * a[0] + d[q].y * a[1]) + (d[q].z * a[2] + d[q].w * a[3]);
+          #pragma unroll
+          for (int s = 16; s > 0; s >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, s);
+          if (lane == 0 && p.e_row_partial) p.e_row_partial[(i64)row * p.e_partial_ld + tc.n0 / Cfg::BN] = dot;
+        }
       }
     }
-  if (ROUTED && p.e_row_partial) {
-    #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      dot[h] += __shfl_xor_sync(0xffffffffu, dot[h], 1);
-      dot[h] += __shfl_xor_sync(0xffffffffu, dot[h], 2);
-      const int row = tc.m0 + 64 * wg + 16 * warp + lane / 4 + 8 * h;
-      if (lane % 4 == 0 && row < tc.m_hi) p.e_row_partial[(i64)row * p.e_partial_ld + tc.n0 / BN] = dot[h];
-    }
-  }
-  fence_proxy_async();  // the in-place results, for the TMA stores
-  named_barrier(1, 256);
-  if (Cfg::GROUPING != kMGrouped || tc.m0 + BM <= tc.m_hi) {  // TMA clips at the tensor's edges
-    if (wg == 0 && tid == 0) {
-      #pragma unroll
-      for (int e = 0; e < L::E_TILES; ++e)
-        #pragma unroll
-        for (int a = 0; a < BN / 64; ++a)
-          tma_store_3d(&P.tma_e[3 + e], epi + e * TB + a * (BM * 128), tc.n0 + 64 * a, tc.m0, 0);
-      bulk_commit();
-    }
-  } else {
-    const int rows = tc.m_hi - tc.m0, per_tile = rows * (BN / 8);
-    const i64 ld_grad = p.e_ld_grad ? p.e_ld_grad : p.ldc;
-    for (int i = tid + 128 * wg; i < L::E_TILES * per_tile; i += 256) {
-      const int e = i / per_tile, r = i % per_tile / (BN / 8), c = i % (BN / 8);
-      const int col = tc.n0 + 8 * c;
-      if (col >= p.n) continue;
-      void* base = e == 0 ? p.e_dg : e == 1 ? p.e_du : p.e_aw;
-      const i64 ld = e < 2 ? ld_grad : p.ldc;
-      const uint4 v = *(const uint4*)(epi + e * TB + (c / 8) * (BM * 128) + r * 128 + (((c % 8) ^ (r % 8)) << 4));
-      *(uint4*)((bf16_t*)base + (i64)(tc.m0 + r) * ld + col) = v;
-    }
-    named_barrier(1, 256);  // every read of the buffer is done before its release
+    mbar_arrive(&epi_bar[1]);  // this thread's reads of the buffer are done
   }
 }
 
@@ -491,22 +484,6 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const TileSche
     for (int b = 0; b < HV; ++b)
       #pragma unroll
       for (int j = 0; j < BN / 2; ++j) acc[b][j] = 0.f;
-    // TMA epilogue operands: the rows' weights now (their loads hide under the main loop), and the
-    // buffer the previous tile's stores read handed back to the loader at E_RELEASE_AT.
-    float w[2] = {1.f, 1.f};
-    const int release_at = i > 0 ? min(L::E_RELEASE_AT, nk - 1) : -2;
-    auto release_epilogue = [&]() {
-      if (wg == 0 && tid == 0) {
-        bulk_wait_read();
-        mbar_arrive(&epi_bar[1]);
-      }
-      __syncwarp();
-    };
-    if constexpr (L::E_TILES > 0) {
-      #pragma unroll
-      for (int h = 0; h < 2; ++h) w[h] = swiglu_row_weight(P.base, tc.m0 + 64 * wg + 16 * warp + lane / 4 + 8 * h, tc.m_hi);
-      if (release_at == -1) release_epilogue();  // no reduction tiles
-    }
     // A cooperative warpgroup whose 64 rows all lie past an expert's end or past m (the last tile
     // of a group) issues no MMAs: the other one then has the tensor cores to itself. (K-grouped
     // tiles keep both: their masking is a barrier of the two.)
@@ -515,9 +492,6 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const TileSche
     for (int kt = 0; kt < nk; ++kt) {
       mbar_wait(&full[stage], phase);
       if (idle) {
-        if constexpr (L::E_TILES > 0) {
-          if (kt == release_at) release_epilogue();
-        }
         release(stage);
         if (++stage == Cfg::STAGES) { stage = 0; phase ^= 1; }
         continue;
@@ -548,9 +522,6 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const TileSche
         }
       }
       wgmma_commit();
-      if constexpr (L::E_TILES > 0) {
-        if (kt == release_at) release_epilogue();
-      }
       #pragma unroll
       for (int b = 0; b < HV; ++b) fence_operands(acc[b]);
       wgmma_wait<1>();  // the previous stage's MMAs are done: hand its buffers back
@@ -566,9 +537,10 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const TileSche
     #pragma unroll
     for (int b = 0; b < HV; ++b) fence_operands(acc[b]);
     if (prev >= 0) release(prev);
-    if constexpr (L::E_TILES > 0) {
-      mbar_wait(&epi_bar[0], i & 1);
-      swiglu_backward_staged<Cfg>(P, tc, acc[0], w, smem + L::EPI, wg, tid);
+    if constexpr (L::E_STAGED) {  // hand da' to the epilogue warps once they are done with the last
+      mbar_wait(&epi_bar[1], (i & 1) ^ 1);
+      stage_accumulators<Cfg>(acc[0], smem + L::DACC, wg, tid);
+      mbar_arrive(&epi_bar[0]);
     } else if (L::TMA_STORE && (Cfg::GROUPING != kMGrouped || tc.m0 + row_off(0) + L::WG_ROWS <= tc.m_hi)) {
       store_tile_tma<Cfg>(P, tc, acc, smem + L::STAGING + wg * L::STAGING_BYTES, row_off(0), wg, tid);
     } else {
@@ -581,7 +553,7 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const TileSche
       }
     }
   }
-  if ((L::TMA_STORE || (L::E_TILES > 0 && wg == 0)) && tid == 0) bulk_wait();
+  if (L::TMA_STORE && tid == 0) bulk_wait();
 }
 
 template <class Cfg>
@@ -592,7 +564,7 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
   u64* full = (u64*)(smem + L::BARRIERS);
   u64* empty = full + Cfg::STAGES;
   u64* turn = (u64*)(smem + L::TURNS);
-  u64* epi_bar = (u64*)(smem + L::EPI_BARRIERS);  // [0] operands loaded, [1] buffer free
+  u64* epi_bar = (u64*)(smem + L::EPI_BARRIERS);  // [0] da' staged, [1] buffer free
   int* tile_start = (int*)(smem + L::SCHEDULE);
   const int tid = threadIdx.x;
   if (tid == 0) {
@@ -602,9 +574,9 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
     }
     mbar_init(&turn[0], 1);
     mbar_init(&turn[1], 1);
-    if constexpr (L::E_TILES > 0) {
-      mbar_init(&epi_bar[0], 1);
-      mbar_init(&epi_bar[1], 1);
+    if constexpr (L::E_STAGED) {
+      mbar_init(&epi_bar[0], 128 * CONSUMER_WARPGROUPS);
+      mbar_init(&epi_bar[1], 32 * L::E_WARPS);
     }
     fence_barrier_init();
   }
@@ -615,8 +587,11 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
   const TileScheduler<BM, Cfg::BN, Cfg::GROUPING> sched(P.base, tile_start);
   if (tid < PRODUCER_THREADS) {
     setmaxnreg_dec<L::PRODUCER_REGS>();
-    if constexpr (L::E_TILES > 0) {
-      if (tid == 32) epilogue_loader<Cfg>(P, sched, smem + L::EPI, epi_bar);
+    if constexpr (L::E_STAGED) {
+      if (tid >= 32) {
+        swiglu_epilogue_warps<Cfg>(P, sched, smem + L::DACC, epi_bar, tid / 32 - 1, tid % 32);
+        return;
+      }
     }
     producer<Cfg>(P, sched, smem, full, empty, tid);
   } else {

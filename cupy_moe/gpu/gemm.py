@@ -28,10 +28,11 @@ MAX_SEGMENTS = 4
 # memory bandwidth per FLOP than ping-pong's 128 x 128, bench/NOTES.md v0.3), or True / False for
 # every GEMM (tests and benchmarks compare both; CUPY_MOE_PINGPONG=1 / 0 sets it for a process).
 PINGPONG = {"1": True, "0": False}.get(os.environ.get("CUPY_MOE_PINGPONG", ""), "auto")
-# Whether the fused SwiGLU backward's operands (gate, up, act) come by TMA into shared memory
-# during the main loop and its results leave by TMA stores (else each thread loads and stores its
-# elements after the main loop); CUPY_MOE_EPILOGUE_TMA=0 turns it off for a process (A/B, tests).
-EPILOGUE_TMA = os.environ.get("CUPY_MOE_EPILOGUE_TMA", "1") != "0"
+# Whether the Hopper loop's fused SwiGLU backward runs on spare producer warps from accumulators
+# staged in shared memory, overlapped with the next tile's main loop (else the consumer warpgroups
+# run it after each tile's main loop, the tensor cores idle); CUPY_MOE_STAGED_EPILOGUE=0 turns it
+# off for a process (A/B, tests).
+STAGED_EPILOGUE = os.environ.get("CUPY_MOE_STAGED_EPILOGUE", "1") != "0"
 # Benchmarks only: Sm90Config fields forced onto every Hopper config choose() makes (tile studies;
 # the caller keeps the result within shared memory). Empty in normal use.
 CONFIG_OVERRIDE: dict = {}
@@ -102,11 +103,10 @@ def _module(cfg: GemmConfig):
 
 
 def _sm90_params_struct():
-    # tma_e: the SwiGLU epilogue's gate, up, act (loads) and dg, du, aw (stores).
     fields = [("tma_a", TmaDesc * MAX_SEGMENTS), ("tma_b", TmaDesc * MAX_SEGMENTS), ("tma_c", TmaDesc),
-              ("tma_e", TmaDesc * 6), ("base", GemmParams)]
-    types = ["TmaDesc", "TmaDesc", "TmaDesc", "TmaDesc", "GemmParams"]
-    pad = -(ctypes.sizeof(TmaDesc) * (2 * MAX_SEGMENTS + 7) + ctypes.sizeof(GemmParams)) % 64
+              ("base", GemmParams)]
+    types = ["TmaDesc", "TmaDesc", "TmaDesc", "GemmParams"]
+    pad = -(ctypes.sizeof(TmaDesc) * (2 * MAX_SEGMENTS + 1) + ctypes.sizeof(GemmParams)) % 64
     if pad:  # C++ rounds the size up to TmaDesc's 64-byte alignment; the driver copies that many
         fields.append(("pad", ctypes.c_uint8 * pad))
         types.append("unsigned char")
@@ -129,7 +129,7 @@ class Sm90Config:
     EPILOGUE: int = 0
     C_TMA: bool = False  # bf16 results leave through shared memory and TMA stores
     PINGPONG: bool = False  # consumer warpgroups take whole tiles in turn (else share each tile)
-    E_TILES: int = 0  # SwiGLU backward: operand tiles (2: gate, up; 3: and act) staged by TMA
+    E_STAGED: bool = False  # SwiGLU backward on the producer's spare warps from staged fp32 da'
 
     BM = 128
     BK = 64
@@ -139,21 +139,23 @@ class Sm90Config:
     def smem_bytes(self, num_groups: int) -> int:
         stage = (self.BM + self.BN) * self.BK * 2
         staging = (2 if self.PINGPONG else 1) * self.BM * self.BN * 2 if self.C_TMA else 0
-        epilogue = self.E_TILES * self.BM * self.BN * 2 + (16 if self.E_TILES else 0)
+        epilogue = self.BM * self.BN * 4 + 16 if self.E_STAGED else 0
         return 1024 + self.STAGES * (stage + 16) + staging + epilogue + 16 + 4 * (num_groups + 1)
 
     @classmethod
     def choose(cls, m_tiles: int, n: int, sms: int, num_groups: int = 0, pingpong: bool = False,
                **flags) -> "Sm90Config":
-        """Cooperative: BN 256 when it tiles n without waste and still gives every SM a tile (and
-        no epilogue operands are staged), 64 for narrow outputs, else 128. Ping-pong: BN 64 for
+        """Cooperative: 128 for the staged SwiGLU epilogue, else BN 256 when it tiles n without
+        waste and still gives every SM a tile, 64 for narrow outputs, else 128. Ping-pong: BN 64 for
         narrow outputs, else 128 (a warpgroup holds the whole 128 x BN accumulator). STAGES: as
         many as fit, at most 8 (ping-pong) or 4 / 6 / 8 by BN, one fewer with TMA stores."""
         if pingpong:
             bn = 64 if n <= 64 else 128
             most = 8
         else:
-            if n % 256 == 0 and m_tiles * (n // 256) >= sms and not flags.get("E_TILES"):
+            if flags.get("E_STAGED"):
+                bn = 128
+            elif n % 256 == 0 and m_tiles * (n // 256) >= sms:
                 bn = 256
             elif n <= 64:
                 bn = 64
@@ -268,7 +270,7 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
 
     opt = lambda a: 0 if a is None else _addr(a)
     sw = swiglu if epilogue == "swiglu_backward" else None
-    key = (cupy.cuda.Device().id, PINGPONG, EPILOGUE_TMA, tuple(sorted(CONFIG_OVERRIDE.items())),
+    key = (cupy.cuda.Device().id, PINGPONG, STAGED_EPILOGUE, tuple(sorted(CONFIG_OVERRIDE.items())),
            m, n, a_kmajor, b_kmajor, opt(out), ldc, epilogue, grouping, opt(group_offsets), num_groups, c_group_stride, opt(gather_a), opt(gather_b),
            gather_div, engine,
            tuple((_addr(s.a), s.lda, _addr(s.b), s.ldb, s.k, s.b_group_stride) for s in segments),
@@ -403,19 +405,13 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags) -> _Launch:
         pingpong = grouping == "k" and n % 256 != 0
     else:
         pingpong = bool(PINGPONG)
-    e_tiles = _epilogue_tiles(p, n, flags) if not pingpong else 0
+    staged = not pingpong and _epilogue_staged(p, n, flags)
     cfg = Sm90Config.choose(m_tiles, n, sms, num_groups if grouping == "m" else 0, pingpong,
-                            C_TMA=c_tma, E_TILES=e_tiles, **flags)
+                            C_TMA=c_tma, E_STAGED=staged, **flags)
     if CONFIG_OVERRIDE:
         cfg = dataclasses.replace(cfg, **CONFIG_OVERRIDE)
     P = GemmSm90Params()
     P.base = p
-    if e_tiles:  # gate, up, act, dg, du, aw as 2-D [m, n] tensors, one box = a 64-column atom
-        ld_grad = p.e_ld_grad or p.ldc
-        for i, (address, ld) in enumerate(((p.e_gate, p.ldc), (p.e_up, p.ldc), (p.e_act, p.ldc),
-                                           (p.e_dg, ld_grad), (p.e_du, ld_grad), (p.e_aw, p.ldc))):
-            if address:
-                encode_bf16(P.tma_e[i], address, (n, m, 1), (ld, ld * m), (64, Sm90Config.BM, 1))
     if c_tma:
         c_groups = num_groups if grouping == "k" else 1
         encode_bf16(P.tma_c, p.c, (n, m, c_groups),
@@ -444,18 +440,15 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags) -> _Launch:
                    m=m, n=n, tiles_n=tiles_n)
 
 
-def _epilogue_tiles(p, n, flags) -> int:
-    """How many SwiGLU operand tiles the Hopper loop stages by TMA (0: none, the per-thread path):
-    2 (gate, up) or 3 (and act, for routed experts) when every such array is 16-byte aligned
-    with rows on 8-element boundaries and no operand is gathered."""
-    if (flags["EPILOGUE"] != EPILOGUES["swiglu_backward"] or not EPILOGUE_TMA
+def _epilogue_staged(p, n, flags) -> bool:
+    """Whether the Hopper loop stages the SwiGLU backward's accumulators for its epilogue warps:
+    they move 4 elements at a time (8-byte aligned arrays, rows on 4-element boundaries) over
+    128-wide tiles (n > 64), and the producer's threads are free (no gathered operand)."""
+    if (flags["EPILOGUE"] != EPILOGUES["swiglu_backward"] or not STAGED_EPILOGUE or n <= 64
             or flags["GATHER_A"] or flags["GATHER_B"]):
-        return 0
-    routed = bool(p.e_aw)
-    arrays = [p.e_gate, p.e_up, p.e_dg, p.e_du] + ([p.e_act, p.e_aw] if routed else [])
-    if any(a % 16 for a in arrays) or n % 8 or p.ldc % 8 or (p.e_ld_grad or p.ldc) % 8:
-        return 0
-    return 3 if routed else 2
+        return False
+    arrays = [p.e_gate, p.e_up, p.e_dg, p.e_du] + ([p.e_act, p.e_aw] if p.e_aw else [])
+    return not (any(a % 8 for a in arrays) or n % 4 or p.ldc % 4 or (p.e_ld_grad or p.ldc) % 4)
 
 
 def _prepare_mma(p, segments, m, n, grouping, num_groups, flags) -> _Launch:
@@ -505,11 +498,10 @@ def example_sm90_configs():
             out.append(Sm90Config(BN=bn, STAGES=stages - (c_tma and bn > 64), A_KMAJOR=a_k,
                                   B_KMAJOR=b_k, GATHER_A=gather_a, GATHER_B=gather_b,
                                   GROUPING=grouping, EPILOGUE=epi, C_TMA=c_tma))
-            if epi == 3 and bn <= 128:  # the SwiGLU operands staged by TMA (routed or not)
-                for e_tiles in (2, 3):
-                    out.append(Sm90Config.choose(1, bn, 132, 128 if grouping == 1 else 0, False,
-                                                 A_KMAJOR=a_k, B_KMAJOR=b_k, GROUPING=grouping,
-                                                 EPILOGUE=epi, E_TILES=e_tiles))
+            if epi == 3 and bn == 128:  # the staged SwiGLU epilogue
+                out.append(Sm90Config.choose(1, bn, 132, 128 if grouping == 1 else 0, False,
+                                             A_KMAJOR=a_k, B_KMAJOR=b_k, GROUPING=grouping,
+                                             EPILOGUE=epi, E_STAGED=True))
             if bn <= 128:
                 for c_tma in {epi == 0, False}:
                     out.append(Sm90Config.choose(
