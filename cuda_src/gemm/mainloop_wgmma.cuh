@@ -49,10 +49,12 @@ struct Plan {
   static constexpr int STAGING = Cfg::STAGES * STAGE_BYTES;        // per consumer warpgroup:
   static constexpr int STAGING_BYTES = TMA_STORE ? WG_ROWS * Cfg::BN * 2 : 0;  // its rows in bf16
   // SwiGLU backward with E_STAGED: the consumers leave each tile's fp32 accumulators (da') in
-  // this buffer and go on with the next tile; E_WARPS spare warps of the producer warpgroup turn
-  // them into dg, du (and aw, dw) meanwhile, reading gate, up (and act) from global memory.
+  // this buffer and go on with the next tile; E_WARPS epilogue warps (the producer warpgroup's
+  // spare warps 1..3 and a fourth warpgroup) turn them into dg, du (and aw, dw) meanwhile,
+  // reading gate, up (and act) from global memory. Their loads' latency bounds them, hence 7.
   static constexpr bool E_STAGED = Cfg::E_STAGED;
-  static constexpr int E_WARPS = 3;                        // producer warps 1..3
+  static constexpr int E_WARPS = E_STAGED ? 3 + 4 : 0;
+  static constexpr int THREADS = sm90::THREADS + (E_STAGED ? 128 : 0);
   static constexpr int DACC_ROW_BYTES = Cfg::BN * 4;
   static constexpr int DACC = STAGING + CONSUMER_WARPGROUPS * STAGING_BYTES;
   static constexpr int BARRIERS = DACC + (E_STAGED ? BM * DACC_ROW_BYTES : 0);  // full, empty
@@ -63,9 +65,9 @@ struct Plan {
   static constexpr int CPA_LAG = Cfg::STAGES - 2;  // cp.async stages in flight past the newest
   // Lane 0 of each warp that reads a stage: both consumer warpgroups', or its owner's.
   static constexpr int EMPTY_ARRIVALS = (PINGPONG ? 1 : CONSUMER_WARPGROUPS) * 4;
-  // Register split: the producer needs few (more with the epilogue warps), each consumer thread
-  // holds BN / 2 accumulators.
-  static constexpr int PRODUCER_REGS = E_STAGED ? 104 : 56, CONSUMER_REGS = E_STAGED ? 200 : 224;
+  // Register split: the producer needs few, each consumer thread holds BN / 2 accumulators.
+  // (With the epilogue warpgroup, 512 threads share the file evenly: 128 each, no reallocation.)
+  static constexpr int PRODUCER_REGS = 56, CONSUMER_REGS = 224;
   static_assert(Cfg::BN == 64 || Cfg::BN == 128 || Cfg::BN == 256, "BN");
   static_assert(!PINGPONG || Cfg::BN <= 128, "a ping-pong warpgroup holds 128 x BN accumulators");
   static_assert(MAX_SEGMENTS >= 1, "segments");
@@ -356,7 +358,7 @@ __device__ __forceinline__ void swiglu_epilogue_warps(const GemmSm90Params& P,
                                                       const TileScheduler<BM, Cfg::BN, Cfg::GROUPING>& sched,
                                                       const u8* dacc, u64* epi_bar, int ew, int lane) {
   using L = Plan<Cfg>;
-  constexpr int R = 4;
+  constexpr int R = 4;  // rows in flight per warp: global latency is what bounds these warps
   const GemmParams& p = P.base;
   const bool routed = p.e_aw != nullptr, contract = p.e_contract != 0;
   const i64 ld_grad = p.e_ld_grad ? p.e_ld_grad : p.ldc;
@@ -368,7 +370,6 @@ __device__ __forceinline__ void swiglu_epilogue_warps(const GemmSm90Params& P,
     mbar_wait(&epi_bar[0], j & 1);
     for (int r0 = ew * R; r0 < rows; r0 += L::E_WARPS * R) {
       uint2 g2[R], u2[R], a2[R];
-      float4 d[R];
       float w[R];
       #pragma unroll
       for (int q = 0; q < R; ++q) {
@@ -379,13 +380,13 @@ __device__ __forceinline__ void swiglu_epilogue_warps(const GemmSm90Params& P,
         u2[q] = ok ? __ldg((const uint2*)(up + at)) : make_uint2(0, 0);
         a2[q] = ok && routed ? __ldg((const uint2*)(act + at)) : make_uint2(0, 0);
         w[q] = swiglu_row_weight(p, row, r < rows ? tc.m_hi : row);
-        d[q] = *(const float4*)(dacc + dacc_offset(r % BM, lane));
       }
       #pragma unroll
       for (int q = 0; q < R; ++q) {
         const int r = r0 + q, row = tc.m0 + r;
         if (r >= rows) break;  // the same for the whole warp
-        const float lo[2] = {d[q].x, d[q].y}, hi[2] = {d[q].z, d[q].w};
+        const float4 d = *(const float4*)(dacc + dacc_offset(r, lane));
+        const float lo[2] = {d.x, d.y}, hi[2] = {d.z, d.w};
         uint2 dg, du;
         swiglu_grad_pair(lo, g2[q].x, u2[q].x, w[q], contract, dg.x, du.x);
         swiglu_grad_pair(hi, g2[q].y, u2[q].y, w[q], contract, dg.y, du.y);
@@ -400,7 +401,7 @@ __device__ __forceinline__ void swiglu_epilogue_warps(const GemmSm90Params& P,
           if (col_ok)
             *(uint2*)((bf16_t*)p.e_aw + at) = make_uint2(pack_bf16x2(w[q] * a[0], w[q] * a[1]),
                                                          pack_bf16x2(w[q] * a[2], w[q] * a[3]));
-          float dot = (d[q].x * a[0] + d[q].y * a[1]) + (d[q].z * a[2] + d[q].w * a[3]);
+          float dot = (d.x * a[0] + d.y * a[1]) + (d.z * a[2] + d.w * a[3]);
           #pragma unroll
           for (int s = 16; s > 0; s >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, s);
           if (lane == 0 && p.e_row_partial) p.e_row_partial[(i64)row * p.e_partial_ld + tc.n0 / Cfg::BN] = dot;
@@ -586,18 +587,21 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
   __syncthreads();
   const TileScheduler<BM, Cfg::BN, Cfg::GROUPING> sched(P.base, tile_start);
   if (tid < PRODUCER_THREADS) {
-    setmaxnreg_dec<L::PRODUCER_REGS>();
     if constexpr (L::E_STAGED) {
       if (tid >= 32) {
         swiglu_epilogue_warps<Cfg>(P, sched, smem + L::DACC, epi_bar, tid / 32 - 1, tid % 32);
         return;
       }
+    } else {
+      setmaxnreg_dec<L::PRODUCER_REGS>();
     }
     producer<Cfg>(P, sched, smem, full, empty, tid);
-  } else {
-    setmaxnreg_inc<L::CONSUMER_REGS>();
+  } else if (tid < THREADS) {
+    if constexpr (!L::E_STAGED) setmaxnreg_inc<L::CONSUMER_REGS>();
     const int c = tid - PRODUCER_THREADS;
     consumer<Cfg>(P, sched, smem, full, empty, turn, epi_bar, c / 128, c % 128);
+  } else {  // the epilogue warpgroup
+    swiglu_epilogue_warps<Cfg>(P, sched, smem + L::DACC, epi_bar, 3 + (tid - THREADS) / 32, tid % 32);
   }
 }
 

@@ -134,6 +134,10 @@ class Sm90Config:
     BM = 128
     BK = 64
     THREADS = 384
+
+    @property
+    def threads(self) -> int:
+        return self.THREADS + (128 if self.E_STAGED else 0)  # the epilogue warpgroup
     SMEM_LIMIT = 227 * 1024  # sm_90's opt-in shared memory per block
 
     def smem_bytes(self, num_groups: int) -> int:
@@ -435,7 +439,7 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags) -> _Launch:
         tiles = num_groups * cdiv(m, cfg.BM) * tiles_n
     else:
         tiles = m_tiles * tiles_n
-    return _Launch("sm90", _sm90_module(cfg), "gemm_sm90_kernel", (min(tiles, sms),), cfg.THREADS,
+    return _Launch("sm90", _sm90_module(cfg), "gemm_sm90_kernel", (min(tiles, sms),), cfg.threads,
                    cfg.smem_bytes(num_groups if grouping == "m" else 0), bytes(P), GemmSm90Params,
                    m=m, n=n, tiles_n=tiles_n)
 
