@@ -134,7 +134,7 @@ def test_m_grouped(n, k, b_kmajor, gather, engine):
     assert relative_error(out.get().astype(np.float32), ref) < 1e-2
 
 
-@pytest.mark.parametrize("m,n", [(136, 72), (9, 5), (200, 264)])
+@pytest.mark.parametrize("m,n", [(136, 72), (9, 5), (200, 264), (136, 1408)])
 @pytest.mark.parametrize("gather", ["a", "b"])
 @ENGINES
 def test_k_grouped_empty_groups_write_zeros(m, n, gather, engine):

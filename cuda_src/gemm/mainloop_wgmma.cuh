@@ -358,7 +358,7 @@ __device__ __forceinline__ void swiglu_epilogue_warps(const GemmSm90Params& P,
                                                       const TileScheduler<BM, Cfg::BN, Cfg::GROUPING>& sched,
                                                       const u8* dacc, u64* epi_bar, int ew, int lane) {
   using L = Plan<Cfg>;
-  constexpr int R = 4;  // rows in flight per warp: global latency is what bounds these warps
+  constexpr int R = 6;  // rows in flight per warp: global latency is what bounds these warps
   const GemmParams& p = P.base;
   const bool routed = p.e_aw != nullptr, contract = p.e_contract != 0;
   const i64 ld_grad = p.e_ld_grad ? p.e_ld_grad : p.ldc;

@@ -23,10 +23,10 @@ from .tma import TmaDesc, encode_bf16
 
 MAX_SEGMENTS = 4
 # Which way the Hopper loop's consumer warpgroups share tiles: "auto" (ping-pong for K-grouped
-# GEMMs whose n the 256-wide cooperative tile does not divide: their short per-expert reductions
-# gain from the hidden epilogue; cooperative elsewhere, where 128 x 256 tiles need less shared-
-# memory bandwidth per FLOP than ping-pong's 128 x 128, bench/NOTES.md v0.3), or True / False for
-# every GEMM (tests and benchmarks compare both; CUPY_MOE_PINGPONG=1 / 0 sets it for a process).
+# GEMMs where 256-wide cooperative tiles do not pay (wide_tiles_pay): their short per-expert
+# reductions gain from the hidden epilogue; cooperative elsewhere, where 128 x 256 tiles need less
+# shared-memory bandwidth per FLOP than ping-pong's 128 x 128, bench/NOTES.md v0.3), or True /
+# False for every GEMM (tests and benchmarks compare both; CUPY_MOE_PINGPONG=1 / 0 sets it).
 PINGPONG = {"1": True, "0": False}.get(os.environ.get("CUPY_MOE_PINGPONG", ""), "auto")
 # Whether the Hopper loop's fused SwiGLU backward runs on spare producer warps from accumulators
 # staged in shared memory, overlapped with the next tile's main loop (else the consumer warpgroups
@@ -39,6 +39,16 @@ CONFIG_OVERRIDE: dict = {}
 GROUPINGS = {"none": 0, "m": 1, "k": 2}
 EPILOGUES = {"bf16": 0, "f32": 1, "f32_accumulate": 2, "swiglu_backward": 3}
 ENGINES = ("auto", "sm90", "mma")
+
+
+def wide_tiles_pay(n: int, grouping: int) -> bool:
+    """Whether cooperative 128 x 256 tiles beat 128-wide ones for n outputs: where 256 divides n,
+    and for K-grouped weight gradients also where the last tile's padding costs at most 10% (n =
+    1408: 1370 vs 1446 us for ping-pong 128 x 128, bench/tile_study.py; their per-expert
+    reductions are short, so the wide tile's lower operand traffic per FLOP decides)."""
+    if n % 256 == 0:
+        return True
+    return grouping == GROUPINGS["k"] and cdiv(n, 256) * 256 <= 1.1 * n
 
 
 class GemmParams(ctypes.Structure):
@@ -149,8 +159,8 @@ class Sm90Config:
     @classmethod
     def choose(cls, m_tiles: int, n: int, sms: int, num_groups: int = 0, pingpong: bool = False,
                **flags) -> "Sm90Config":
-        """Cooperative: 128 for the staged SwiGLU epilogue, else BN 256 when it tiles n without
-        waste and still gives every SM a tile, 64 for narrow outputs, else 128. Ping-pong: BN 64 for
+        """Cooperative: 128 for the staged SwiGLU epilogue, else BN 256 where wide_tiles_pay and
+        every SM still gets a tile, 64 for narrow outputs, else 128. Ping-pong: BN 64 for
         narrow outputs, else 128 (a warpgroup holds the whole 128 x BN accumulator). STAGES: as
         many as fit, at most 8 (ping-pong) or 4 / 6 / 8 by BN, one fewer with TMA stores."""
         if pingpong:
@@ -159,7 +169,7 @@ class Sm90Config:
         else:
             if flags.get("E_STAGED"):
                 bn = 128
-            elif n % 256 == 0 and m_tiles * (n // 256) >= sms:
+            elif wide_tiles_pay(n, flags.get("GROUPING", 0)) and m_tiles * cdiv(n, 256) >= sms:
                 bn = 256
             elif n <= 64:
                 bn = 64
@@ -406,7 +416,7 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags) -> _Launch:
     m_tiles = cdiv(m, Sm90Config.BM) + (num_groups if grouping == "m" else 0)
     c_tma = (flags["EPILOGUE"] == EPILOGUES["bf16"] and p.ldc % 8 == 0 and p.c_group_stride % 8 == 0)
     if PINGPONG == "auto":
-        pingpong = grouping == "k" and n % 256 != 0
+        pingpong = grouping == "k" and not wide_tiles_pay(n, GROUPINGS[grouping])
     else:
         pingpong = bool(PINGPONG)
     staged = not pingpong and _epilogue_staged(p, n, flags)
