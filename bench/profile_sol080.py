@@ -1,5 +1,8 @@
-"""Where sol080_backward's time goes: each stage timed alone (CPU and GPU time, cupyx.profiler).
-Usage: PYTHONPATH=. python bench/profile_sol080.py [T ...]"""
+"""Where sol080_backward's time goes: each stage timed alone (CPU and GPU time, cupyx.profiler),
+or with --host the Python functions of repeated calls (cProfile; what the host adds per call).
+Usage: PYTHONPATH=. python bench/profile_sol080.py [--host] [T ...]"""
+import cProfile
+import pstats
 import sys
 
 import cupy as cp
@@ -40,5 +43,25 @@ def main(Ts):
             print(f"  {name:<28} cpu {r.cpu_times.mean() * 1e6:8.1f} us   gpu {r.gpu_times.mean() * 1e6:8.1f} us")
 
 
+def host(Ts, calls=300):
+    for T in Ts:
+        a = make_sol080_inputs(T, seed=T, xp=cp)
+        for _ in range(5):  # compile, capture the graph
+            cupy_moe.sol080_backward(**a)
+        cp.cuda.Device().synchronize()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(calls):
+            cupy_moe.sol080_backward(**a)
+        prof.disable()
+        cp.cuda.Device().synchronize()
+        print(f"T = {T}: {calls} calls (graph replay)")
+        pstats.Stats(prof).sort_stats("tottime").print_stats(22)
+
+
 if __name__ == "__main__":
-    main([int(t) for t in sys.argv[1:]] or [192, 8192])
+    args = sys.argv[1:]
+    if "--host" in args:
+        host([int(t) for t in args if t != "--host"] or [192])
+    else:
+        main([int(t) for t in args] or [192, 8192])
