@@ -236,7 +236,38 @@ SOL080_ARGS = (
 
 def sol080_args(args: dict, defer_index_check: bool = False):
     """Check sol080_backward's 15 arguments; returns (xp, dims) with T, H, I, E, K bound, and
-    with defer_index_check the function completing the top-k index check (check_topk_indices)."""
+    with defer_index_check the function completing the top-k index check (check_topk_indices).
+
+    Every check but the index values' depends only on each argument's type, dtype, shape and
+    strides, so a call whose arguments all match one that passed before (a training or benchmark
+    loop) skips them: at small T the Python checks were a fifth of the call. The index values are
+    checked on every call."""
+    signature = _signature(args)
+    passed = _sol080_passed.get(signature) if signature is not None else None
+    if passed is None:
+        passed = _sol080_structure(args)
+        if signature is not None:
+            if len(_sol080_passed) >= 64:
+                _sol080_passed.clear()
+            _sol080_passed[signature] = passed
+    xp, dims = passed
+    finish = check_topk_indices("topk_indices", args["topk_indices"], dims["E"],
+                                defer=defer_index_check)
+    return (xp, dims, finish) if defer_index_check else (xp, dims)
+
+
+_sol080_passed: dict = {}  # argument signature -> (xp, Dims) of a call whose checks passed
+
+
+def _signature(args: dict):
+    """(type, dtype, shape, strides) of every argument in order, or None when one lacks them."""
+    try:
+        return tuple((type(a), a.dtype, a.shape, a.strides) for a in args.values())
+    except (AttributeError, TypeError):  # not an array (the full checks word the error)
+        return None
+
+
+def _sol080_structure(args: dict):
     for name, _, _ in SOL080_ARGS:
         if args[name] is None:
             raise TypeError(f"{name}: expected an array, got None")
@@ -247,9 +278,7 @@ def sol080_args(args: dict, defer_index_check: bool = False):
     if dims["K"] > dims["E"]:
         raise ValueError(f"topk_indices: expected K <= E = {dims['E']} distinct experts per row, "
                          f"got K = {dims['K']}")
-    finish = check_topk_indices("topk_indices", args["topk_indices"], dims["E"],
-                                defer=defer_index_check)
-    return (xp, dims, finish) if defer_index_check else (xp, dims)
+    return xp, dims
 
 
 def array_module_of(args: dict):

@@ -109,6 +109,33 @@ def test_sol080_topk_values():
         _sol(topk_indices=idx)
 
 
+def test_sol080_checks_skipped_only_for_a_signature_that_passed(monkeypatch):
+    """A repeated call with the same types, dtypes, shapes and strides skips the structural
+    checks (they depend on nothing else), still checks the index values, and any other
+    signature is checked in full."""
+    from cupy_moe import validate
+
+    monkeypatch.setattr(validate, "_sol080_passed", {})
+    structure = []
+    real = validate._sol080_structure
+    monkeypatch.setattr(validate, "_sol080_structure", lambda a: structure.append(1) or real(a))
+    a = make_sol080_inputs(6, 32, 16, 8, 2, seed=0)
+    _sol()
+    _sol()
+    assert len(structure) == 1  # the second call reused the first one's result
+    idx = a["topk_indices"].copy()
+    idx[2, 0] = 8
+    with pytest.raises(ValueError, match=r"topk_indices.*\[0, 8\)"):
+        _sol(topk_indices=idx)  # same signature: the values are still checked
+    with pytest.raises(ValueError, match="hidden_states.*contiguous"):
+        _sol(hidden_states=np.asfortranarray(a["hidden_states"]))  # other strides: full checks
+    with pytest.raises(TypeError, match="scores"):
+        _sol(scores=a["scores"].astype(np.float64))
+    with pytest.raises(TypeError, match="scores"):
+        _sol(scores=np.asmatrix(a["scores"]))  # an ndarray subclass: its type differs
+    assert len(structure) == 4 and len(validate._sol080_passed) == 1
+
+
 def test_mixing_numpy_and_other_objects():
     a = make_sol080_inputs(6, 32, 16, 8, 2, seed=0)
     with pytest.raises(TypeError, match="hidden_states"):
