@@ -240,7 +240,7 @@ def sol080_args(args: dict, defer_index_check: bool = False):
 
     Every check but the index values' depends only on each argument's type, dtype, shape and
     strides, so a call whose arguments all match one that passed before (a training or benchmark
-    loop) skips them: at small T the Python checks were a fifth of the call. The index values are
+    loop) skips them (about 5 us of a ~110 us call at T = 192 on the H200). The index values are
     checked on every call."""
     signature = _signature(args)
     passed = _sol080_passed.get(signature) if signature is not None else None
@@ -262,9 +262,11 @@ _sol080_passed: dict = {}  # argument signature -> (xp, Dims) of a call whose ch
 def _signature(args: dict):
     """(type, dtype, shape, strides) of every argument in order, or None when one lacks them."""
     try:
-        return tuple((type(a), a.dtype, a.shape, a.strides) for a in args.values())
+        signature = tuple((type(a), a.dtype, a.shape, a.strides) for a in args.values())
+        hash(signature)
     except (AttributeError, TypeError):  # not an array (the full checks word the error)
         return None
+    return signature
 
 
 def _sol080_structure(args: dict):

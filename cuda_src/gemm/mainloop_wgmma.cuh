@@ -19,7 +19,11 @@
 // the consumers zero those lines of TMA-loaded operands before the MMA (so another expert's
 // Inf or NaN never leaks in). bf16 results leave through shared memory and TMA stores that
 // overlap the next tile's main loop; fp32 results and M-grouped tiles that straddle a group's
-// end are stored from registers. Cfg fields as in mainloop_mma.cuh, plus BN and STAGES.
+// end are stored from registers. The fused SwiGLU backward (E_STAGED) leaves each tile's fp32
+// accumulators in shared memory for seven epilogue warps, which read gate/up/act and write the
+// gradients while the consumers run the next tile's main loop (done by the consumers themselves,
+// it left the tensor cores idle for a third of the kernel). Cfg fields as in mainloop_mma.cuh,
+// plus BN, STAGES, C_TMA, PINGPONG and E_STAGED.
 #pragma once
 #include "wgmma_ops.cuh"
 #include "scheduler.cuh"
@@ -55,9 +59,9 @@ struct Plan {
   static constexpr bool E_STAGED = Cfg::E_STAGED;
   static constexpr int E_WARPS = E_STAGED ? 3 + 4 : 0;
   static constexpr int THREADS = sm90::THREADS + (E_STAGED ? 128 : 0);
-  static constexpr int DACC_ROW_BYTES = Cfg::BN * 4;
-  static constexpr int DACC = STAGING + CONSUMER_WARPGROUPS * STAGING_BYTES;
-  static constexpr int BARRIERS = DACC + (E_STAGED ? BM * DACC_ROW_BYTES : 0);  // full, empty
+  static constexpr int DACC = STAGING + CONSUMER_WARPGROUPS * STAGING_BYTES;  // see dacc_offset
+  static constexpr int DACC_BYTES = E_STAGED ? BM * Cfg::BN * 4 : 0;
+  static constexpr int BARRIERS = DACC + DACC_BYTES;                // full, empty
   static constexpr int TURNS = BARRIERS + 2 * Cfg::STAGES * 8;     // ping-pong: whose MMAs next
   static constexpr int EPI_BARRIERS = TURNS + 2 * 8;                // da' staged, buffer free
   static constexpr int SCHEDULE = EPI_BARRIERS + (E_STAGED ? 2 * 8 : 0);  // TileScheduler::tile_start

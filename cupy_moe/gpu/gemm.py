@@ -144,11 +144,11 @@ class Sm90Config:
     BM = 128
     BK = 64
     THREADS = 384
+    SMEM_LIMIT = 227 * 1024  # sm_90's opt-in shared memory per block
 
     @property
     def threads(self) -> int:
         return self.THREADS + (128 if self.E_STAGED else 0)  # the epilogue warpgroup
-    SMEM_LIMIT = 227 * 1024  # sm_90's opt-in shared memory per block
 
     def smem_bytes(self, num_groups: int) -> int:
         stage = (self.BM + self.BN) * self.BK * 2
@@ -285,8 +285,8 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     opt = lambda a: 0 if a is None else _addr(a)
     sw = swiglu if epilogue == "swiglu_backward" else None
     key = (cupy.cuda.Device().id, PINGPONG, STAGED_EPILOGUE, tuple(sorted(CONFIG_OVERRIDE.items())),
-           m, n, a_kmajor, b_kmajor, opt(out), ldc, epilogue, grouping, opt(group_offsets), num_groups, c_group_stride, opt(gather_a), opt(gather_b),
-           gather_div, engine,
+           m, n, a_kmajor, b_kmajor, opt(out), ldc, epilogue, grouping, opt(group_offsets),
+           num_groups, c_group_stride, opt(gather_a), opt(gather_b), gather_div, engine,
            tuple((_addr(s.a), s.lda, _addr(s.b), s.ldb, s.k, s.b_group_stride) for s in segments),
            None if sw is None else tuple(opt(a) for a in (sw.gate, sw.up, sw.dg, sw.du, sw.act,
                                                          sw.weights, sw.row_index, sw.aw, sw.dw))

@@ -1,0 +1,44 @@
+"""One hash of the machine code of every example Hopper GEMM config (the cubins' .text, .nv.info,
+.nv.constant and .nv.shared sections; not symbol names, which change when a constexpr is renamed).
+Compare it before and after a kernel edit meant to change nothing (a CPU-only check: equal hashes
+mean the device-verified code is what runs).
+Usage: PYTHONPATH=. python bench/cubin_code_hash.py"""
+import hashlib
+import os
+import struct
+import tempfile
+
+os.environ["CUPY_MOE_CACHE_DIR"] = tempfile.mkdtemp()
+
+from cupy_moe import _build  # noqa: E402
+from cupy_moe.gpu import gemm  # noqa: E402
+
+KEPT = (".text", ".nv.constant", ".nv.info", ".nv.shared")
+
+
+def code_sections(elf: bytes) -> dict:
+    """ELF64 section name -> bytes (size for NOBITS sections), for the sections in KEPT."""
+    shoff, = struct.unpack_from("<Q", elf, 0x28)
+    entsize, count, names_index = struct.unpack_from("<HHH", elf, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * entsize) for i in range(count)]
+    names = headers[names_index][4]
+    out = {}
+    for name_at, kind, _, _, offset, size, *_ in headers:
+        name = elf[names + name_at: elf.index(b"\0", names + name_at)].decode()
+        if name.startswith(KEPT):
+            out[name] = str(size).encode() if kind == 8 else elf[offset: offset + size]
+    return out
+
+
+def main():
+    digest = hashlib.sha256()
+    configs = gemm.example_sm90_configs()
+    for cfg in configs:
+        path, _ = _build.compile_entry("gemm_sm90.cu", gemm.sm90_prelude(cfg), "sm_90a")
+        for name, data in sorted(code_sections(path.read_bytes()).items()):
+            digest.update(name.encode() + data)
+    print(f"{len(configs)} configs: {digest.hexdigest()}")
+
+
+if __name__ == "__main__":
+    main()
