@@ -109,6 +109,7 @@ def test_sol080_topk_values():
         _sol(topk_indices=idx)
 
 
+@pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")
 def test_sol080_checks_skipped_only_for_a_signature_that_passed(monkeypatch):
     """A repeated call with the same types, dtypes, shapes and strides skips the structural
     checks (they depend on nothing else), still checks the index values, and any other
