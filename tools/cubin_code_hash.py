@@ -2,7 +2,7 @@
 .nv.constant and .nv.shared sections; not symbol names, which change when a constexpr is renamed).
 Compare it before and after a kernel edit meant to change nothing (a CPU-only check: equal hashes
 mean the device-verified code is what runs).
-Usage: PYTHONPATH=. python bench/cubin_code_hash.py"""
+Usage: PYTHONPATH=. python tools/cubin_code_hash.py"""
 import hashlib
 import os
 import struct
