@@ -137,6 +137,17 @@ def test_sol080_checks_skipped_only_for_a_signature_that_passed(monkeypatch):
     assert len(structure) == 4 and len(validate._sol080_passed) == 1
 
 
+def test_sol080_array_lookalike_gets_the_full_checks():
+    """An object with dtype, shape and strides that is no array (here with an unhashable shape)
+    is named by the full checks, never looked up in the cache."""
+    import types
+
+    a = make_sol080_inputs(6, 32, 16, 8, 2, seed=0)["scores"]
+    fake = types.SimpleNamespace(dtype=a.dtype, shape=list(a.shape), strides=a.strides)
+    with pytest.raises(TypeError, match="scores: expected a numpy.ndarray or cupy.ndarray"):
+        _sol(scores=fake)
+
+
 def test_mixing_numpy_and_other_objects():
     a = make_sol080_inputs(6, 32, 16, 8, 2, seed=0)
     with pytest.raises(TypeError, match="hidden_states"):
