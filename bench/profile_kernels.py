@@ -1,8 +1,11 @@
 """Where a public call's GPU time goes, kernel by kernel: every launch through cupy_moe._launch is
 bracketed by CUDA events and labelled with the line of cupy_moe that made it.
+With CUPY_MOE_PROFILE_WARM=S the call first repeats for S seconds, so the GPU runs at the clocks
+a benchmark loop sees (a single call on a cool GPU reads ~10% faster than the benchmark's median).
 Usage: PYTHONPATH=. python bench/profile_kernels.py layer [T] | sol080 [T]"""
 import os
 import sys
+import time
 import traceback
 
 # Events cannot be recorded inside a stream capture: SOL-080 runs eagerly here (its graph replay
@@ -32,8 +35,15 @@ def traced(calls):
     return launch
 
 
+WARM_SECONDS = float(os.environ.get("CUPY_MOE_PROFILE_WARM", "0"))
+
+
 def profile(fn, label):
     fn()  # compile and warm up outside the trace
+    until = time.perf_counter() + WARM_SECONDS
+    while time.perf_counter() < until:
+        fn()
+        cp.cuda.get_current_stream().synchronize()
     calls = []
     _launch.launch, original = traced(calls), _launch.launch
     start, end = cp.cuda.Event(), cp.cuda.Event()
