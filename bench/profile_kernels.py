@@ -1,7 +1,8 @@
 """Where a public call's GPU time goes, kernel by kernel: every launch through cupy_moe._launch is
 bracketed by CUDA events and labelled with the line of cupy_moe that made it.
-With CUPY_MOE_PROFILE_WARM=S the call first repeats for S seconds, so the GPU runs at the clocks
-a benchmark loop sees (a single call on a cool GPU reads ~10% faster than the benchmark's median).
+With CUPY_MOE_PROFILE_WARM=S the call first repeats for S seconds, as a benchmark loop does (one
+traced layer backward read ~10% below the benchmark's median in session 4; sustained clocks are
+the suspect, not yet measured).
 Usage: PYTHONPATH=. python bench/profile_kernels.py layer [T] | sol080 [T]"""
 import os
 import sys
