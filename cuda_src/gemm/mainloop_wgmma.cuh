@@ -34,7 +34,8 @@ namespace sm90 {
 
 constexpr int BM = 128, BK = 64;
 constexpr int PRODUCER_THREADS = 128, CONSUMER_WARPGROUPS = 2;
-constexpr int THREADS = PRODUCER_THREADS * (1 + CONSUMER_WARPGROUPS);
+// The producer and consumer warpgroups; a staged SwiGLU epilogue adds one (Plan::THREADS).
+constexpr int MAIN_THREADS = PRODUCER_THREADS * (1 + CONSUMER_WARPGROUPS);
 constexpr int ATOM_BYTES = BK * 128;  // one 64-wide MN atom of an MN-major tile
 
 template <class Cfg>
@@ -58,7 +59,7 @@ struct Plan {
   // reading gate, up (and act) from global memory. Their loads' latency bounds them, hence 7.
   static constexpr bool E_STAGED = Cfg::E_STAGED;
   static constexpr int E_WARPS = E_STAGED ? 3 + 4 : 0;
-  static constexpr int THREADS = sm90::THREADS + (E_STAGED ? 128 : 0);
+  static constexpr int THREADS = MAIN_THREADS + (E_STAGED ? 128 : 0);
   static constexpr int DACC = STAGING + CONSUMER_WARPGROUPS * STAGING_BYTES;  // see dacc_offset
   static constexpr int DACC_BYTES = E_STAGED ? BM * Cfg::BN * 4 : 0;
   static constexpr int BARRIERS = DACC + DACC_BYTES;                // full, empty
@@ -83,6 +84,7 @@ struct Plan {
                 "K-grouped GEMMs reduce over memory lines: both operands MN-major");
   static_assert(!E_STAGED || (Cfg::EPILOGUE == kSwigluBackward && !PINGPONG && !Cfg::C_TMA && !CPA &&
                                Cfg::BN == 128), "staged SwiGLU epilogue: cooperative 128 x 128, TMA loads");
+  static_assert(THREADS == HOST_THREADS, "Sm90Config.threads (cupy_moe/gpu/gemm.py) disagrees with this block");
   static_assert(SCHEDULE == HOST_TABLE_OFFSET,
                 "Sm90Config.smem_bytes (cupy_moe/gpu/gemm.py) disagrees with this layout");
 };
@@ -600,12 +602,12 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
       setmaxnreg_dec<L::PRODUCER_REGS>();
     }
     producer<Cfg>(P, sched, smem, full, empty, tid);
-  } else if (tid < THREADS) {
+  } else if (tid < MAIN_THREADS) {
     if constexpr (!L::E_STAGED) setmaxnreg_inc<L::CONSUMER_REGS>();
     const int c = tid - PRODUCER_THREADS;
     consumer<Cfg>(P, sched, smem, full, empty, turn, epi_bar, c / 128, c % 128);
   } else {  // the epilogue warpgroup
-    swiglu_epilogue_warps<Cfg>(P, sched, smem + L::DACC, epi_bar, 3 + (tid - THREADS) / 32, tid % 32);
+    swiglu_epilogue_warps<Cfg>(P, sched, smem + L::DACC, epi_bar, 3 + (tid - MAIN_THREADS) / 32, tid % 32);
   }
 }
 

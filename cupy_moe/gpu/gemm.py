@@ -183,10 +183,11 @@ class Sm90Config:
 
 def sm90_prelude(cfg: Sm90Config) -> str:
     # The host's view of the shared-memory layout (where the scheduler's table starts, past the
-    # 1024-byte alignment slack), checked against the kernel's own at compile time.
+    # 1024-byte alignment slack) and of the block size it launches, checked against the kernel's
+    # own at compile time.
     table = cfg.smem_bytes(0) - 1024 - 4
     return (f"#include \"common/hopper.cuh\"\nconstexpr int MAX_SEGMENTS = {MAX_SEGMENTS};\n"
-            f"enum : int {{ HOST_TABLE_OFFSET = {table} }};\n"
+            f"enum : int {{ HOST_TABLE_OFFSET = {table}, HOST_THREADS = {cfg.threads} }};\n"
             + _build.render_struct(GemmParams) + _build.render_struct(GemmSm90Params)
             + _build.render_cfg(cfg))
 
