@@ -73,20 +73,44 @@ extern "C" __global__ void routing_place(const i64* __restrict__ topk_idx, int n
   }
 }
 
-// Input check before any other kernel reads the routing: status[0] = first row with an index
-// outside [0, E), status[1] = first row that repeats an expert (INT_MAX when none). One thread per
-// row; K is small, so the pairwise test is cheap.
+// Input check before any other kernel reads the routing: the first row with an index outside
+// [0, E) and the first row that repeats an expert (kNoRow when none). One thread per row (K is
+// small, so the pairwise test is cheap); each block folds its rows into scratch[0..1], and the
+// last block to finish publishes both with the call's sequence number to host-mapped memory
+// (report[0..1], then report[2] = seq) and resets scratch for the next call. The host polls the
+// report: no memset, no copy and no stream sync between the check and the launches it guards.
+constexpr int kNoRow = 0x7FFFFFFF;
+
 extern "C" __global__ void check_topk_indices(const i64* __restrict__ topk_idx, int T, int K, int E,
-                                              int* __restrict__ status) {
+                                              int* __restrict__ scratch, volatile int* report,
+                                              int seq) {
+  __shared__ int first_bad[2];
+  if (threadIdx.x == 0) first_bad[0] = first_bad[1] = kNoRow;
+  __syncthreads();
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
-  if (t >= T) return;
-  const i64* row = topk_idx + (i64)t * K;
-  bool out_of_range = false, repeated = false;
-  for (int k = 0; k < K; ++k) {
-    const i64 e = row[k];
-    out_of_range |= e < 0 || e >= E;
-    for (int j = 0; j < k; ++j) repeated |= row[j] == e;
+  if (t < T) {
+    const i64* row = topk_idx + (i64)t * K;
+    bool out_of_range = false, repeated = false;
+    for (int k = 0; k < K; ++k) {
+      const i64 e = row[k];
+      out_of_range |= e < 0 || e >= E;
+      for (int j = 0; j < k; ++j) repeated |= row[j] == e;
+    }
+    if (out_of_range) atomicMin(&first_bad[0], t);
+    if (repeated) atomicMin(&first_bad[1], t);
   }
-  if (out_of_range) atomicMin(&status[0], t);
-  if (repeated) atomicMin(&status[1], t);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    if (first_bad[0] != kNoRow) atomicMin(&scratch[0], first_bad[0]);
+    if (first_bad[1] != kNoRow) atomicMin(&scratch[1], first_bad[1]);
+    __threadfence();  // this block's verdict is visible before it counts itself done
+    if (atomicAdd(&scratch[2], 1) == (int)gridDim.x - 1) {
+      __threadfence();
+      report[0] = atomicExch(&scratch[0], kNoRow);
+      report[1] = atomicExch(&scratch[1], kNoRow);
+      scratch[2] = 0;
+      __threadfence_system();  // the verdict reaches the host before the sequence number does
+      report[2] = seq;
+    }
+  }
 }

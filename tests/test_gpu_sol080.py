@@ -63,6 +63,28 @@ def test_bad_topk_indices_rejected_before_any_kernel(bad, match):
     assert (idx == before).all()
 
 
+def test_bad_topk_indices_report_the_first_bad_row_across_blocks_and_leave_no_state():
+    """The check folds many blocks' verdicts (256 rows each): the first bad row is reported
+    whichever block finishes last, and a good call right after a bad one passes (the kernel
+    resets its scratch itself)."""
+    import cupy as cp
+
+    a = {k: cp.asarray(v) for k, v in make_sol080_inputs(1000, 64, 24, 128, 8, seed=3).items()}
+    good = a["topk_indices"]
+    for rows, want in (((999, 700, 300), 300), ((513,), 513), ((0, 999), 0)):
+        idx = good.copy()
+        for r in rows:
+            idx[r, 1] = 200
+        with pytest.raises(ValueError, match=f"200 in row {want}$"):
+            cupy_moe.sol080_backward(**dict(a, topk_indices=idx))
+        idx = good.copy()
+        idx[rows[-1], 2] = idx[rows[-1], 5]
+        with pytest.raises(ValueError, match=f"row {rows[-1]} repeats"):
+            cupy_moe.sol080_backward(**dict(a, topk_indices=idx))
+        out = cupy_moe.sol080_backward(**a)
+        assert relative_error(out[0], cupy_moe.sol080_backward(**{k: v.get() for k, v in a.items()})[0]) < 1e-2
+
+
 def test_zero_tokens():
     out, ref = _run(0, 64, 24, 8, 2)
     for name, o, r in zip(NAMES, out, ref):

@@ -261,8 +261,9 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
          out, ldc: int, epilogue: str = "bf16", grouping: str = "none",
          group_offsets=None, num_groups: int = 0, c_group_stride: int = 0,
          gather_a=None, gather_b=None, gather_div: int = 1, engine: str = "auto",
-         swiglu: SwigluBackward | None = None) -> None:
-    """Launch one GEMM on the current stream.
+         swiglu: SwigluBackward | None = None, max_ctas: int | None = None) -> int:
+    """Launch one GEMM on the current stream; returns how many SMs it occupies (the persistent
+    Hopper loop's CTAs, else every SM).
 
     grouping='m': rows are experts' segments group_offsets[g]:group_offsets[g+1] of m total rows,
     B of group g at b + g * b_group_stride. grouping='k': group g reduces over memory lines
@@ -272,7 +273,8 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     (line -> map[line] // gather_div). engine: 'auto' (the Hopper main loop when it applies),
     'sm90' (it or ValueError), 'mma' (the portable main loop). epilogue='swiglu_backward' takes
     `swiglu` (out is ignored); where the Hopper loop does not apply, it runs as an fp32 GEMM and
-    the elementwise kernel.
+    the elementwise kernel. max_ctas: at most this many CTAs of the persistent Hopper loop (each
+    walks more tiles), so a GEMM run beside another on a second stream leaves it SMs of its own.
 
     A launch's parameter block depends only on addresses and sizes, so it is built once per
     distinct call and replayed from a cache afterwards (repeated calls on the same buffers, as a
@@ -280,7 +282,7 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     """
     assert 1 <= len(segments) <= MAX_SEGMENTS and engine in ENGINES
     if m == 0 or n == 0:
-        return  # nothing to write (an M-grouped grid would otherwise still launch its group slack)
+        return 0  # nothing to write (an M-grouped grid would otherwise still launch its group slack)
     import cupy
 
     opt = lambda a: 0 if a is None else _addr(a)
@@ -300,7 +302,7 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
         if len(_prepared) >= 1024:
             _prepared.clear()
         _prepared[key] = launch
-    launch.run(sw)
+    return launch.run(sw, max_ctas)
 
 
 _prepared = {}  # the gemm() call's addresses and sizes -> _Launch
@@ -322,7 +324,7 @@ class _Launch:
     n: int = 0
     tiles_n: int = 0   # sm90 SwiGLU epilogue: row partials per row
 
-    def run(self, sw) -> None:
+    def run(self, sw, max_ctas=None) -> int:
         import cupy
 
         P = self.param_type.from_buffer_copy(self.params)
@@ -334,7 +336,10 @@ class _Launch:
         if self.kind == "unfused":
             da = cupy.empty((self.m, self.n), cupy.float32)
             base.c, base.ldc = da.data.ptr, self.n
-        _launch.launch(self.module, self.name, self.grid, (self.threads,), [P], self.smem)
+        grid = self.grid
+        if self.kind == "sm90" and max_ctas is not None:
+            grid = (max(1, min(grid[0], int(max_ctas))),)
+        _launch.launch(self.module, self.name, grid, (self.threads,), [P], self.smem)
         if partial is not None:
             partial.sum(axis=1, out=sw.dw)  # fixed order per row: deterministic
         if da is not None:
@@ -342,6 +347,7 @@ class _Launch:
 
             swiglu_backward(da, sw.gate, sw.up, sw.act, sw.weights, sw.row_index,
                             out=(sw.dg, sw.du, sw.dw, sw.aw))
+        return grid[0] if self.kind == "sm90" else device_sms()
 
 
 def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, group_offsets,

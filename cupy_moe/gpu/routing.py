@@ -43,31 +43,48 @@ def sort(topk_indices, n_experts: int) -> Routing:
     return Routing(slots, rows, offsets, per_expert)
 
 
-_NONE = 0x7F7F7F7F  # the status words' fill (memset bytes 0x7F): above every row index
-_check_buffers = {}  # (device, stream) -> (device status [2] int32, pinned host copy)
+_NO_ROW = 0x7FFFFFFF  # kNoRow in routing.cu: no bad row
+_check_state = {}  # (device, stream) -> _CheckBuffers
+
+
+class _CheckBuffers:
+    """The top-k check's device scratch (reset by the kernel itself after every check) and its
+    host-mapped report [first out-of-range row, first repeating row, sequence number]."""
+
+    def __init__(self):
+        self.scratch = cp.array([_NO_ROW, _NO_ROW, 0], cp.int32)
+        self.pinned = cp.cuda.alloc_pinned_memory(3 * 4)
+        self.report = np.frombuffer(self.pinned, np.int32, 3)
+        self.report[:] = (_NO_ROW, _NO_ROW, 0)
+        self.device_report = cp.cuda.runtime.hostGetDevicePointer(self.pinned.ptr, 0)
+        self.seq = 0
 
 
 def start_topk_check(topk_indices, n_experts: int):
-    """Launch the top-k index check on the current stream (one kernel; its two status words go
-    to pinned host memory asynchronously) and return a function that waits for it and returns
-    (first row with an out-of-range index, first row repeating an expert), None where none. The
-    caller can prepare its launches in between; the wait is the check's one host sync."""
+    """Launch the top-k index check on the current stream (one kernel, whose verdict lands in
+    host-mapped memory) and return a function that waits for it and returns (first row with an
+    out-of-range index, first row repeating an expert), None where none. The caller can prepare
+    its launches in between; the wait polls the verdict (the check's one host sync), so the launch
+    that follows it goes out as soon as the kernel has written it."""
     stream = cp.cuda.get_current_stream()
     key = (cp.cuda.Device().id, stream.ptr)
-    buffers = _check_buffers.get(key)
+    buffers = _check_state.get(key)
     if buffers is None:
-        pinned = cp.cuda.alloc_pinned_memory(8)
-        buffers = _check_buffers[key] = (cp.empty(2, cp.int32), pinned,
-                                         np.frombuffer(pinned, np.int32, 2))
-    status, _, host = buffers
+        if len(_check_state) >= 16:
+            cp.cuda.Device().synchronize()  # no check still writes into what is dropped
+            _check_state.clear()
+        buffers = _check_state[key] = _CheckBuffers()
+    buffers.seq = seq = buffers.seq % 0x7FFFFFFF + 1
     T, K = topk_indices.shape
-    cp.cuda.runtime.memsetAsync(status.data.ptr, 0x7F, 8, stream.ptr)
     _launch.launch(_build.load_module("routing.cu"), "check_topk_indices", (cdiv(T, 256),), (256,),
-                   [ptr(topk_indices), i32(T), i32(K), i32(n_experts), ptr(status)])
-    cp.cuda.runtime.memcpyAsync(host.ctypes.data, status.data.ptr, 8,
-                                cp.cuda.runtime.memcpyDeviceToHost, stream.ptr)
+                   [ptr(topk_indices), i32(T), i32(K), i32(n_experts), ptr(buffers.scratch),
+                    ptr(buffers.device_report), i32(seq)])
+    report = buffers.report
 
     def result():
-        stream.synchronize()
-        return tuple(None if int(v) == _NONE else int(v) for v in host)
+        while report[2] != seq:
+            if stream.done and report[2] != seq:  # finished (or failed) without a verdict
+                stream.synchronize()  # raises the stream's error, if any
+                raise RuntimeError("the top-k index check finished without reporting")
+        return tuple(None if int(v) == _NO_ROW else int(v) for v in report[:2])
     return result

@@ -9,10 +9,13 @@ The contract's three dgrad products (d_up Wu, d_gate Wg, bf16(grl) Wr) run as on
 concatenated reduction, accumulated in fp32 and rounded once (within the pass rule; the contract
 rounds each to bf16 first).
 
-Once [d_gate | d_up] and bf16(grl) exist, the dgrad and the router weight gradient run on a side
-stream next to the two expert weight gradients (fork/join by events, captured as two graph
-branches), so each fills the SMs the other's last wave leaves idle; CUPY_MOE_SOL080_STREAMS=0
-keeps everything on one stream.
+The launches form a small DAG over two streams (fork/join by events, captured as graph branches):
+    main: d_act GEMM (+ SwiGLU backward) ........ dgrad [d_gate | d_up | bf16(grl)] @ [Wg; Wu; Wr]
+    side: router kernel, grad_Wd = g^T act, router wgrad ... grad_[Wg; Wu] = [d_gate | d_up]^T x
+grad_Wd needs neither d_act nor the router, so it runs beside the d_act GEMM; when that GEMM's
+tiles leave SMs free (small T), the one beside it is held to the rest (gemm's max_ctas), and
+likewise grad_[Wg; Wu] beside the dgrad, so both start at once instead of queueing behind the
+other. CUPY_MOE_SOL080_STREAMS=0 keeps everything on one stream.
 """
 from __future__ import annotations
 
@@ -25,21 +28,42 @@ from .. import _build, _launch
 from .._arrays import bfloat16
 from .._launch import grid_stride_blocks, i32, i64, ptr
 from . import graphs, router
-from .gemm import Segment, SwigluBackward, gemm, sm90_applies
+from .gemm import Segment, SwigluBackward, device_sms, gemm, sm90_applies
 
 CONCURRENT = os.environ.get("CUPY_MOE_SOL080_STREAMS", "1") != "0"
-_side = {}  # (device, stream) -> (side stream, fork event, join event)
+# A GEMM beside another is held to the SMs the other leaves free only when that is at least this
+# many; with fewer, it takes the whole GPU and its CTAs start as the other's finish.
+MIN_SHARE = 16
+_side = {}  # (device, stream) -> _Side
 
 
-def _side_stream(main):
-    key = (cp.cuda.Device().id, main.ptr)
-    entry = _side.get(key)
-    if entry is None:
-        if len(_side) >= 16:
-            _side.clear()
-        entry = _side[key] = (cp.cuda.Stream(non_blocking=True),
-                              cp.cuda.Event(disable_timing=True), cp.cuda.Event(disable_timing=True))
-    return entry
+@dataclass
+class _Side:
+    """The side stream of a caller's stream and the events that order the two."""
+
+    stream: object
+    fork: object
+    d_act_done: object
+    router_done: object
+    join: object
+
+    @classmethod
+    def of(cls, main) -> "_Side":
+        key = (cp.cuda.Device().id, main.ptr)
+        entry = _side.get(key)
+        if entry is None:
+            if len(_side) >= 16:
+                _side.clear()
+            event = lambda: cp.cuda.Event(disable_timing=True)
+            entry = _side[key] = cls(cp.cuda.Stream(non_blocking=True), event(), event(), event(),
+                                     event())
+        return entry
+
+
+def _beside(ctas: int):
+    """max_ctas for a GEMM started next to one that occupies `ctas` SMs."""
+    free = device_sms() - ctas
+    return free if free >= MIN_SHARE else None
 
 
 @dataclass
@@ -74,49 +98,93 @@ def sol080_backward(g, x, wr, bias, logits, scores, idx, tw, mask, wg, wu, wd, g
     inputs = (g, x, wr, scores, idx, tw, mask, wg, wu, wd, gate, up, act)
     outputs = (grad_h, grad_router, grad_wgu, grad_wd)
     key = ("sol080", T, H, I, E, idx.shape[1]) + tuple(a.data.ptr for a in inputs + outputs)
-    if before_launch is not None:
-        before_launch()
     fused = sm90_applies(T, I, [Segment(g, H, wd, I, k=H)], True, False)
     graphs.run(key, lambda: _Workspace.allocate(T, H, I, E, fused),
-               lambda ws: _enqueue(inputs, outputs, ws))
+               lambda ws: _enqueue(inputs, outputs, ws), before_launch=before_launch)
     return grad_h, grad_router, grad_wgu[:I], grad_wgu[I:], grad_wd
 
 
 def _enqueue(inputs, outputs, ws: _Workspace) -> None:
-    g, x, wr, scores, idx, tw, mask, wg, wu, wd, gate, up, act = inputs
+    x = inputs[1]
     grad_h, grad_router, grad_wgu, grad_wd = outputs
+    main = cp.cuda.get_current_stream()
+    side = _Side.of(main) if CONCURRENT else None
+    if side is not None:
+        side.fork.record(main)
+        side.stream.wait_event(side.fork)
+    d_act_ctas = _d_act(inputs, ws)
+    with side.stream if side else main:
+        _router_kernel(inputs, ws)
+        if side:
+            side.router_done.record()
+        _grad_wd(inputs, grad_wd, max_ctas=_beside(d_act_ctas) if side else None)
+        router.weight_gradient(ws.hi, ws.lo, x, grad_router, ws.partial)
+    if side:
+        side.d_act_done.record(main)
+        main.wait_event(side.router_done)
+    dgrad_ctas = _dgrad(inputs, grad_h, ws)
+    with side.stream if side else main:
+        if side:
+            side.stream.wait_event(side.d_act_done)
+        _grad_wgu(inputs, grad_wgu, ws, max_ctas=_beside(dgrad_ctas) if side else None)
+        if side:
+            side.join.record()
+    if side:
+        main.wait_event(side.join)
+
+
+def _d_act(inputs, ws: _Workspace) -> int:
+    """[d_gate | d_up] from d_act = g Wd (steps 1, 3, 4); returns the SMs it occupies."""
+    g, x, wr, scores, idx, tw, mask, wg, wu, wd, gate, up, act = inputs
     T, H = x.shape
-    I, E, K = gate.shape[1], wr.shape[0], idx.shape[1]
-    mod = _build.load_module("sol080.cu")
+    I = gate.shape[1]
     d_up = ws.d_gu.data.ptr + 2 * I  # the second half of every row
     if ws.d_act is None:
-        gemm(m=T, n=I, segments=[Segment(g, H, wd, I, k=H)], a_kmajor=True, b_kmajor=False,
-             out=None, ldc=I, epilogue="swiglu_backward", engine="sm90",
-             swiglu=SwigluBackward(gate=gate, up=up, dg=ws.d_gu, du=d_up, ld_grad=2 * I,
-                                   contract_rounding=True))
-    else:
-        gemm(m=T, n=I, segments=[Segment(g, H, wd, I, k=H)], a_kmajor=True, b_kmajor=False,
-             out=ws.d_act, ldc=I)
-        n = T * I
-        _launch.launch(mod, "sol080_swiglu_backward", (grid_stride_blocks(n),), (256,),
-                       [ptr(ws.d_act), ptr(gate), ptr(up), ptr(ws.d_gu), i32(I), i64(n)])
-    _launch.launch(mod, "sol080_router", (T,), (256,),
+        return gemm(m=T, n=I, segments=[Segment(g, H, wd, I, k=H)], a_kmajor=True, b_kmajor=False,
+                    out=None, ldc=I, epilogue="swiglu_backward", engine="sm90",
+                    swiglu=SwigluBackward(gate=gate, up=up, dg=ws.d_gu, du=d_up, ld_grad=2 * I,
+                                          contract_rounding=True))
+    ctas = gemm(m=T, n=I, segments=[Segment(g, H, wd, I, k=H)], a_kmajor=True, b_kmajor=False,
+                out=ws.d_act, ldc=I)
+    n = T * I
+    _launch.launch(_build.load_module("sol080.cu"), "sol080_swiglu_backward",
+                   (grid_stride_blocks(n),), (256,),
+                   [ptr(ws.d_act), ptr(gate), ptr(up), ptr(ws.d_gu), i32(I), i64(n)])
+    return ctas
+
+
+def _router_kernel(inputs, ws: _Workspace) -> None:
+    """bf16(grl) and its remainder (steps 7-10)."""
+    g, x, wr, scores, idx, tw, mask, wg, wu, wd, gate, up, act = inputs
+    T, H = x.shape
+    E, K = wr.shape[0], idx.shape[1]
+    _launch.launch(_build.load_module("sol080.cu"), "sol080_router", (T,), (256,),
                    [ptr(g), ptr(tw), ptr(idx), ptr(mask), ptr(scores), i32(T), i32(H), i32(E),
                     i32(K), ptr(ws.hi), ptr(ws.lo)])
-    main = cp.cuda.get_current_stream()
-    side, fork, join = _side_stream(main) if CONCURRENT else (main, None, None)
-    if fork is not None:
-        fork.record(main)
-        side.wait_event(fork)
-    with side:  # dgrad and the router weight gradient (the main stream when not CONCURRENT)
-        gemm(m=T, n=H, segments=[Segment(d_up, 2 * I, wu, H, k=I), Segment(ws.d_gu, 2 * I, wg, H, k=I),
-                                 Segment(ws.hi, E, wr, H, k=E)],
-             a_kmajor=True, b_kmajor=False, out=grad_h, ldc=H)
-        router.weight_gradient(ws.hi, ws.lo, x, grad_router, ws.partial)
+
+
+def _grad_wd(inputs, grad_wd, max_ctas) -> None:
+    g, x, wr, scores, idx, tw, mask, wg, wu, wd, gate, up, act = inputs
+    T, H = x.shape
+    I = gate.shape[1]
     gemm(m=H, n=I, segments=[Segment(g, H, act, I, k=T)], a_kmajor=False, b_kmajor=False,
-         out=grad_wd, ldc=I)
-    gemm(m=2 * I, n=H, segments=[Segment(ws.d_gu, 2 * I, x, H, k=T)], a_kmajor=False,
-         b_kmajor=False, out=grad_wgu, ldc=H)
-    if join is not None:
-        join.record(side)
-        main.wait_event(join)
+         out=grad_wd, ldc=I, max_ctas=max_ctas)
+
+
+def _grad_wgu(inputs, grad_wgu, ws: _Workspace, max_ctas) -> None:
+    """[grad_Wg; grad_Wu] = [d_gate | d_up]^T x (step 5) as one GEMM."""
+    x = inputs[1]
+    T, H = x.shape
+    gemm(m=grad_wgu.shape[0], n=H, segments=[Segment(ws.d_gu, grad_wgu.shape[0], x, H, k=T)],
+         a_kmajor=False, b_kmajor=False, out=grad_wgu, ldc=H, max_ctas=max_ctas)
+
+
+def _dgrad(inputs, grad_h, ws: _Workspace) -> int:
+    """grad_hidden_states (steps 6, 12) as one GEMM over the concatenated reduction."""
+    g, x, wr, scores, idx, tw, mask, wg, wu, wd, gate, up, act = inputs
+    T, H = x.shape
+    I, E = gate.shape[1], wr.shape[0]
+    d_up = ws.d_gu.data.ptr + 2 * I
+    return gemm(m=T, n=H, segments=[Segment(d_up, 2 * I, wu, H, k=I), Segment(ws.d_gu, 2 * I, wg, H, k=I),
+                                    Segment(ws.hi, E, wr, H, k=E)],
+                a_kmajor=True, b_kmajor=False, out=grad_h, ldc=H)
