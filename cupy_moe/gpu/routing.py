@@ -56,7 +56,8 @@ class _CheckBuffers:
         self.pinned = cp.cuda.alloc_pinned_memory(3 * 4)
         self.report = np.frombuffer(self.pinned, np.int32, 3)
         self.report[:] = (_NO_ROW, _NO_ROW, 0)
-        self.device_report = cp.cuda.runtime.hostGetDevicePointer(self.pinned.ptr, 0)
+        # Pinned memory is mapped into the device's address space (unified addressing).
+        self.device_report = cp.cuda.runtime.pointerGetAttributes(self.pinned.ptr).devicePointer
         self.seq = 0
 
 
