@@ -4,17 +4,44 @@
 // t = bf16(d_act * up); d_up = bf16(d_act * bf16(silu(gate))); d_gate = bf16(t * sig * (1 + gate (1 - sig))).
 // Inputs are [T, I]; row t of the output is [d_gate(t) | d_up(t)] ([T, 2I]), so that one GEMM
 // gives both weight gradients and the dgrad reads both halves as two K segments.
+__device__ __forceinline__ void contract_swiglu_backward(float da, i64 i, const bf16_t* __restrict__ gate,
+                                                         const bf16_t* __restrict__ up,
+                                                         bf16_t* __restrict__ d_gate_up, int I) {
+  const float gv = bf16_to_f32(gate[i]), uv = bf16_to_f32(up[i]);
+  const float t = round_bf16(da * uv);
+  const float sig = sigmoid_f32(gv);
+  const i64 row = i / I, out = row * 2 * I + (i - row * I);
+  d_gate_up[out + I] = f32_to_bf16(da * round_bf16(gv * sig));
+  d_gate_up[out] = f32_to_bf16(t * sig * (1.f + gv * (1.f - sig)));
+}
+
 extern "C" __global__ void sol080_swiglu_backward(const bf16_t* __restrict__ d_act,
                                                   const bf16_t* __restrict__ gate,
                                                   const bf16_t* __restrict__ up,
                                                   bf16_t* __restrict__ d_gate_up, int I, i64 n) {
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+    contract_swiglu_backward(bf16_to_f32(d_act[i]), i, gate, up, d_gate_up, I);
+}
+
+// The same from d_act's split-K pieces (fp32 [pieces][n]): d_act = bf16(their sum, in order).
+extern "C" __global__ void sol080_swiglu_backward_pieces(const float* __restrict__ d_act_pieces,
+                                                         int pieces, const bf16_t* __restrict__ gate,
+                                                         const bf16_t* __restrict__ up,
+                                                         bf16_t* __restrict__ d_gate_up, int I, i64 n) {
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
-    const float da = bf16_to_f32(d_act[i]), gv = bf16_to_f32(gate[i]), uv = bf16_to_f32(up[i]);
-    const float t = round_bf16(da * uv);
-    const float sig = sigmoid_f32(gv);
-    const i64 row = i / I, out = row * 2 * I + (i - row * I);
-    d_gate_up[out + I] = f32_to_bf16(da * round_bf16(gv * sig));
-    d_gate_up[out] = f32_to_bf16(t * sig * (1.f + gv * (1.f - sig)));
+    float da = 0.f;
+    for (int s = 0; s < pieces; ++s) da += d_act_pieces[s * n + i];
+    contract_swiglu_backward(round_bf16(da), i, gate, up, d_gate_up, I);
+  }
+}
+
+// bf16(sum of split-K pieces, in order): fp32 [pieces][n] -> bf16 [n].
+extern "C" __global__ void sum_pieces_bf16(const float* __restrict__ pieces_, int pieces, i64 n,
+                                           bf16_t* __restrict__ out) {
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+    float v = 0.f;
+    for (int s = 0; s < pieces; ++s) v += pieces_[s * n + i];
+    out[i] = f32_to_bf16(v);
   }
 }
 

@@ -97,6 +97,35 @@ def test_segments_concatenate_k(engine):
     assert relative_error(out.get(), ref) < 1e-5
 
 
+@pytest.mark.parametrize("splits", [2, 3, 7, 40])
+@pytest.mark.parametrize("a_kmajor,b_kmajor", [(True, False), (True, True), (False, False)])
+@ENGINES
+def test_split_k_pieces_sum_to_the_product(splits, a_kmajor, b_kmajor, engine):
+    """k_splits: the fp32 pieces, c_group_stride apart, sum to the product over every segment's
+    reduction (21 k-tiles here, so 40 pieces leave some empty: zeros); on the Hopper loop the
+    gaps between pieces keep their poison."""
+    import cupy as cp
+    from cupy_moe.gpu.gemm import Segment
+
+    rng = np.random.default_rng(splits)
+    m, n, ks = 136, 200, (1000, 72, 136)
+    As = [_bf16(rng, *((m, k) if a_kmajor else (k, m))) for k in ks]
+    Bs = [_bf16(rng, *((n, k) if b_kmajor else (k, n))) for k in ks]
+    ref = sum((_f(a) if a_kmajor else _f(a).T) @ (_f(b).T if b_kmajor else _f(b)) for a, b in zip(As, Bs))
+    stride = m * n + 64
+    out = cp.empty(splits * stride, cp.float32)
+    _run(engine, m=m, n=n, segments=[Segment(cp.asarray(a), a.shape[1], cp.asarray(b), b.shape[1], k=k)
+                                     for a, b, k in zip(As, Bs, ks)],
+         a_kmajor=a_kmajor, b_kmajor=b_kmajor, out=out, ldc=n, epilogue="f32", k_splits=splits,
+         c_group_stride=stride)
+    got = out.get()
+    pieces = [got[s * stride:s * stride + m * n].reshape(m, n) for s in range(splits)]
+    assert relative_error(sum(pieces), ref) < 1e-5
+    if engine.startswith("sm90"):
+        assert np.isnan(np.stack([got[s * stride + m * n:(s + 1) * stride] for s in range(splits)])).all()
+        assert sum(not p.any() for p in pieces) == (splits - 21 if splits > 21 else 0)
+
+
 def _groups(rng, G, total, empty=()):
     sizes = rng.multinomial(total, np.ones(G) / G)
     for g in empty:

@@ -31,7 +31,8 @@ def test_workloads_pass_rule(T, atol):
             assert relative_error(o, r) < 1e-2, name
 
 
-@pytest.mark.parametrize("T,H,I,E,K", [(1, 64, 24, 8, 2), (7, 36, 13, 6, 3), (333, 128, 40, 16, 4)])
+@pytest.mark.parametrize("T,H,I,E,K", [(1, 64, 24, 8, 2), (7, 36, 13, 6, 3), (333, 128, 40, 16, 4),
+                                       (130, 2048, 72, 8, 2), (200, 1024, 136, 16, 4)])
 def test_small_shapes(T, H, I, E, K):
     out, ref = _run(T, H, I, E, K, seed=1)
     for name, o, r in zip(NAMES, out, ref):

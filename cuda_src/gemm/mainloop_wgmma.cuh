@@ -148,12 +148,14 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const TileSche
   for (int t = blockIdx.x; t < sched.total; t += gridDim.x) {
     const Tile tc = sched.tile(t);
     const int grp = Cfg::GROUPING == kMGrouped ? tc.group : 0;
+    int kt = 0;  // k-tile over all segments
     for (int s = 0; s < p.num_segments; ++s) {
       const int k_begin = Cfg::GROUPING == kKGrouped ? tc.k_lo : 0;
       const int k_end = Cfg::GROUPING == kKGrouped ? tc.k_hi : p.seg_k[s];
       const bf16_t* a_base = (const bf16_t*)p.a[s];
       const bf16_t* b_base = (const bf16_t*)p.b[s] + (i64)grp * p.b_group_stride[s];
-      for (int k0 = k_begin; k0 < k_end; k0 += BK) {
+      for (int k0 = k_begin; k0 < k_end; k0 += BK, ++kt) {
+        if (!sched.loads(tc, kt)) continue;  // another split-K piece's
         mbar_wait(&empty[stage], phase ^ 1);
         u8* ta = smem + stage * L::STAGE_BYTES;
         u8* tb = ta + L::A_BYTES;
@@ -216,7 +218,7 @@ __device__ __forceinline__ void mask_lines(u8* stage, int valid, int tid, int th
 template <class Cfg>
 __device__ __forceinline__ void store_tile_direct(const GemmParams& p, const Tile& tc,
                                                   const float (&acc)[Cfg::BN / 2], int row_off, int warp, int lane) {
-  const i64 c_off = Cfg::GROUPING == kKGrouped ? (i64)tc.group * p.c_group_stride : 0;
+  const i64 c_off = Cfg::GROUPING != kMGrouped ? (i64)tc.group * p.c_group_stride : 0;
   const int row0 = tc.m0 + row_off + 16 * warp + lane / 4;
   const int col0 = tc.n0 + 2 * (lane % 4);
   #pragma unroll
@@ -477,7 +479,7 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const TileSche
   auto row_off = [&](int b) { return L::PINGPONG ? 64 * b : 64 * wg; };
   for (int t = blockIdx.x, i = 0; t < sched.total; t += gridDim.x, ++i) {
     const Tile tc = sched.tile(t);
-    const int nk = sched.template k_tiles<BK>(tc);
+    const int nk = sched.k_tiles(tc);
     if constexpr (L::PINGPONG) {
       if (i % 2 != wg) {  // the other warpgroup's tile: its stages pass by
         const int s = stage + nk;

@@ -261,7 +261,8 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
          out, ldc: int, epilogue: str = "bf16", grouping: str = "none",
          group_offsets=None, num_groups: int = 0, c_group_stride: int = 0,
          gather_a=None, gather_b=None, gather_div: int = 1, engine: str = "auto",
-         swiglu: SwigluBackward | None = None, max_ctas: int | None = None) -> int:
+         swiglu: SwigluBackward | None = None, max_ctas: int | None = None,
+         k_splits: int = 1) -> int:
     """Launch one GEMM on the current stream; returns how many SMs it occupies (the persistent
     Hopper loop's CTAs, else every SM).
 
@@ -275,12 +276,18 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     `swiglu` (out is ignored); where the Hopper loop does not apply, it runs as an fp32 GEMM and
     the elementwise kernel. max_ctas: at most this many CTAs of the persistent Hopper loop (each
     walks more tiles), so a GEMM run beside another on a second stream leaves it SMs of its own.
+    k_splits = S > 1 (ungrouped, epilogue 'f32'): split-K, the reduction (all segments' k in
+    order) cut into S pieces whose fp32 products go to out + s * c_group_stride; the caller sums
+    them (in a fixed order: deterministic). For GEMMs with few output tiles and a long reduction
+    (k_splits_for). Where the Hopper loop does not apply, piece 0 holds the whole product and the
+    others zeros.
 
     A launch's parameter block depends only on addresses and sizes, so it is built once per
     distinct call and replayed from a cache afterwards (repeated calls on the same buffers, as a
     training loop makes them, skip the host work of building it).
     """
     assert 1 <= len(segments) <= MAX_SEGMENTS and engine in ENGINES
+    assert k_splits == 1 or (grouping == "none" and epilogue == "f32" and c_group_stride >= m * ldc)
     if m == 0 or n == 0:
         return 0  # nothing to write (an M-grouped grid would otherwise still launch its group slack)
     import cupy
@@ -289,7 +296,7 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     sw = swiglu if epilogue == "swiglu_backward" else None
     key = (cupy.cuda.Device().id, PINGPONG, STAGED_EPILOGUE, tuple(sorted(CONFIG_OVERRIDE.items())),
            m, n, a_kmajor, b_kmajor, opt(out), ldc, epilogue, grouping, opt(group_offsets),
-           num_groups, c_group_stride, opt(gather_a), opt(gather_b), gather_div, engine,
+           num_groups, c_group_stride, opt(gather_a), opt(gather_b), gather_div, engine, k_splits,
            tuple((_addr(s.a), s.lda, _addr(s.b), s.ldb, s.k, s.b_group_stride) for s in segments),
            None if sw is None else tuple(opt(a) for a in (sw.gate, sw.up, sw.dg, sw.du, sw.act,
                                                          sw.weights, sw.row_index, sw.aw, sw.dw))
@@ -297,8 +304,8 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     launch = _prepared.get(key)
     if launch is None:
         launch = _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping,
-                          group_offsets, num_groups, c_group_stride, gather_a, gather_b,
-                          gather_div, engine, sw)
+                          group_offsets, k_splits if k_splits > 1 else num_groups,
+                          c_group_stride, gather_a, gather_b, gather_div, engine, sw)
         if len(_prepared) >= 1024:
             _prepared.clear()
         _prepared[key] = launch
@@ -323,6 +330,7 @@ class _Launch:
     m: int = 0
     n: int = 0
     tiles_n: int = 0   # sm90 SwiGLU epilogue: row partials per row
+    zero_bytes: tuple = ()  # (address, bytes) zeroed after the launch (split-K off the Hopper loop)
 
     def run(self, sw, max_ctas=None) -> int:
         import cupy
@@ -340,6 +348,9 @@ class _Launch:
         if self.kind == "sm90" and max_ctas is not None:
             grid = (max(1, min(grid[0], int(max_ctas))),)
         _launch.launch(self.module, self.name, grid, (self.threads,), [P], self.smem)
+        if self.zero_bytes:
+            address, size = self.zero_bytes
+            cupy.cuda.runtime.memsetAsync(address, 0, size, cupy.cuda.get_current_stream().ptr)
         if partial is not None:
             partial.sum(axis=1, out=sw.dw)  # fixed order per row: deterministic
         if da is not None:
@@ -381,6 +392,11 @@ def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, g
             raise ValueError(f"the sm90 GEMM does not apply: {why}")
     if sw is not None and (sw.contract_rounding or sw.ld_grad):
         raise ValueError("the SwiGLU epilogue's contract rounding and ld_grad need the sm90 GEMM")
+    if grouping == "none" and num_groups > 1:  # split-K: the whole product into piece 0
+        p.num_groups = 0
+        launch = _prepare_mma(p, segments, m, n, grouping, 0, flags)
+        launch.zero_bytes = (_addr(out) + 4 * c_group_stride, 4 * c_group_stride * (num_groups - 1))
+        return launch
     if sw is not None:  # the portable loop has no fused epilogue: fp32 da', then the kernel
         launch = _prepare_mma(p, segments, m, n, grouping, num_groups,
                               dict(flags, EPILOGUE=EPILOGUES["f32"]))
@@ -421,13 +437,14 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags) -> _Launch:
 
     _, sms = _device_info(cupy.cuda.Device().id)
     m_tiles = cdiv(m, Sm90Config.BM) + (num_groups if grouping == "m" else 0)
+    pieces = num_groups if grouping == "none" and num_groups > 1 else 1  # split-K
     c_tma = (flags["EPILOGUE"] == EPILOGUES["bf16"] and p.ldc % 8 == 0 and p.c_group_stride % 8 == 0)
     if PINGPONG == "auto":
         pingpong = grouping == "k" and not wide_tiles_pay(n, GROUPINGS[grouping])
     else:
         pingpong = bool(PINGPONG)
     staged = not pingpong and _epilogue_staged(p, n, flags)
-    cfg = Sm90Config.choose(m_tiles, n, sms, num_groups if grouping == "m" else 0, pingpong,
+    cfg = Sm90Config.choose(m_tiles * pieces, n, sms, num_groups if grouping == "m" else 0, pingpong,
                             C_TMA=c_tma, E_STAGED=staged, **flags)
     if CONFIG_OVERRIDE:
         cfg = dataclasses.replace(cfg, **CONFIG_OVERRIDE)
@@ -455,10 +472,21 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags) -> _Launch:
     if grouping == "k":
         tiles = num_groups * cdiv(m, cfg.BM) * tiles_n
     else:
-        tiles = m_tiles * tiles_n
+        tiles = m_tiles * tiles_n * pieces
     return _Launch("sm90", _sm90_module(cfg), "gemm_sm90_kernel", (min(tiles, sms),), cfg.threads,
                    cfg.smem_bytes(num_groups if grouping == "m" else 0), bytes(P), GemmSm90Params,
                    m=m, n=n, tiles_n=tiles_n)
+
+
+def k_splits_for(m: int, n: int, k: int, most: int = 8) -> int:
+    """Split-K pieces for an ungrouped GEMM: none when its 128 x 128 output tiles occupy at least
+    half the SMs; else as many as the SMs hold, at most `most`, each piece at least 8 k-tiles of 64
+    (a small-T SOL-080 d_act has 22 tiles of 64 k-tiles: one SM each streams 2 MB of operands
+    while 110 SMs idle)."""
+    tiles, sms = cdiv(m, 128) * cdiv(n, 128), device_sms()
+    if 2 * tiles > sms:
+        return 1
+    return max(1, min(most, sms // tiles, cdiv(k, 64) // 8))
 
 
 def _epilogue_staged(p, n, flags) -> bool:

@@ -28,7 +28,7 @@ from .. import _build, _launch
 from .._arrays import bfloat16
 from .._launch import grid_stride_blocks, i32, i64, ptr
 from . import graphs, router
-from .gemm import Segment, SwigluBackward, device_sms, gemm, sm90_applies
+from .gemm import Segment, SwigluBackward, device_sms, gemm, k_splits_for, sm90_applies
 
 CONCURRENT = os.environ.get("CUPY_MOE_SOL080_STREAMS", "1") != "0"
 # A GEMM beside another is held to the SMs the other leaves free only when that is at least this
@@ -66,23 +66,51 @@ def _beside(ctas: int):
     return free if free >= MIN_SHARE else None
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """How a call's two long-reduction GEMMs run (a function of shapes and alignment only).
+    act_splits / dgrad_splits > 1: split-K into fp32 pieces summed by a small kernel (few output
+    tiles at small T, gemm.k_splits_for); act_fused: else the SwiGLU backward in d_act's epilogue."""
+
+    act_splits: int
+    act_fused: bool
+    dgrad_splits: int
+
+    @classmethod
+    def of(cls, g, wr, wg, wu, wd, gate):
+        T, H = g.shape
+        I, E = gate.shape[1], wr.shape[0]
+        d_act_on_sm90 = sm90_applies(T, I, [Segment(g, H, wd, I, k=H)], True, False)
+        # The dgrad's A operands live in the workspace (256-byte aligned): their offsets stand in.
+        dgrad_on_sm90 = sm90_applies(T, H, [Segment(4 * I, 2 * I, wu, H, k=I), Segment(0, 2 * I, wg, H, k=I),
+                                            Segment(0, E, wr, H, k=E)], True, False)
+        act_splits = k_splits_for(T, I, H) if d_act_on_sm90 else 1
+        return cls(act_splits=act_splits, act_fused=d_act_on_sm90 and act_splits == 1,
+                   dgrad_splits=k_splits_for(T, H, 2 * I + E) if dgrad_on_sm90 else 1)
+
+
 @dataclass
 class _Workspace:
     """Temporaries of one call (kept with its graph when captured)."""
 
     d_act: object      # [T, I] bf16 (None when the SwiGLU backward runs in the GEMM's epilogue)
+    act_pieces: object    # [splits, T, I] fp32 split-K pieces of d_act, or None
+    dgrad_pieces: object  # [splits, T, H] fp32 split-K pieces of grad_hidden_states, or None
     d_gu: object       # [T, 2I] bf16, row t = [d_gate(t) | d_up(t)]
     hi: object         # [T, E] bf16: bf16(grl) and the rest, hi + lo = grl
     lo: object
     partial: object    # [splits, E, H] fp32 pieces of the router weight gradient, or None
 
     @classmethod
-    def allocate(cls, T, H, I, E, fused):
+    def allocate(cls, T, H, I, E, plan: _Plan):
         splits = router.weight_gradient_splits(T, E, H)
-        return cls(d_act=None if fused else cp.empty((T, I), bfloat16),
+        pieces = lambda n, *shape: cp.empty((n,) + shape, cp.float32) if n > 1 else None
+        return cls(d_act=None if plan.act_fused or plan.act_splits > 1 else cp.empty((T, I), bfloat16),
+                   act_pieces=pieces(plan.act_splits, T, I),
+                   dgrad_pieces=pieces(plan.dgrad_splits, T, H),
                    d_gu=cp.empty((T, 2 * I), bfloat16),
                    hi=cp.empty((T, E), bfloat16), lo=cp.empty((T, E), bfloat16),
-                   partial=cp.empty((splits, E, H), cp.float32) if splits > 1 else None)
+                   partial=pieces(splits, E, H))
 
 
 def sol080_backward(g, x, wr, bias, logits, scores, idx, tw, mask, wg, wu, wd, gate, up, act,
@@ -98,13 +126,13 @@ def sol080_backward(g, x, wr, bias, logits, scores, idx, tw, mask, wg, wu, wd, g
     inputs = (g, x, wr, scores, idx, tw, mask, wg, wu, wd, gate, up, act)
     outputs = (grad_h, grad_router, grad_wgu, grad_wd)
     key = ("sol080", T, H, I, E, idx.shape[1]) + tuple(a.data.ptr for a in inputs + outputs)
-    fused = sm90_applies(T, I, [Segment(g, H, wd, I, k=H)], True, False)
-    graphs.run(key, lambda: _Workspace.allocate(T, H, I, E, fused),
-               lambda ws: _enqueue(inputs, outputs, ws), before_launch=before_launch)
+    plan = _Plan.of(g, wr, wg, wu, wd, gate)
+    graphs.run(key, lambda: _Workspace.allocate(T, H, I, E, plan),
+               lambda ws: _enqueue(inputs, outputs, ws, plan), before_launch=before_launch)
     return grad_h, grad_router, grad_wgu[:I], grad_wgu[I:], grad_wd
 
 
-def _enqueue(inputs, outputs, ws: _Workspace) -> None:
+def _enqueue(inputs, outputs, ws: _Workspace, plan: _Plan) -> None:
     x = inputs[1]
     grad_h, grad_router, grad_wgu, grad_wd = outputs
     main = cp.cuda.get_current_stream()
@@ -112,7 +140,7 @@ def _enqueue(inputs, outputs, ws: _Workspace) -> None:
     if side is not None:
         side.fork.record(main)
         side.stream.wait_event(side.fork)
-    d_act_ctas = _d_act(inputs, ws)
+    d_act_ctas = _d_act(inputs, ws, plan)
     with side.stream if side else main:
         _router_kernel(inputs, ws)
         if side:
@@ -122,7 +150,7 @@ def _enqueue(inputs, outputs, ws: _Workspace) -> None:
     if side:
         side.d_act_done.record(main)
         main.wait_event(side.router_done)
-    dgrad_ctas = _dgrad(inputs, grad_h, ws)
+    dgrad_ctas = _dgrad(inputs, grad_h, ws, plan)
     with side.stream if side else main:
         if side:
             side.stream.wait_event(side.d_act_done)
@@ -133,22 +161,29 @@ def _enqueue(inputs, outputs, ws: _Workspace) -> None:
         main.wait_event(side.join)
 
 
-def _d_act(inputs, ws: _Workspace) -> int:
+def _d_act(inputs, ws: _Workspace, plan: _Plan) -> int:
     """[d_gate | d_up] from d_act = g Wd (steps 1, 3, 4); returns the SMs it occupies."""
     g, x, wr, scores, idx, tw, mask, wg, wu, wd, gate, up, act = inputs
     T, H = x.shape
     I = gate.shape[1]
-    d_up = ws.d_gu.data.ptr + 2 * I  # the second half of every row
-    if ws.d_act is None:
-        return gemm(m=T, n=I, segments=[Segment(g, H, wd, I, k=H)], a_kmajor=True, b_kmajor=False,
-                    out=None, ldc=I, epilogue="swiglu_backward", engine="sm90",
+    mod = _build.load_module("sol080.cu")
+    n = T * I
+    d_act = [Segment(g, H, wd, I, k=H)]
+    if plan.act_splits > 1:
+        ctas = gemm(m=T, n=I, segments=d_act, a_kmajor=True, b_kmajor=False, out=ws.act_pieces,
+                    ldc=I, epilogue="f32", k_splits=plan.act_splits, c_group_stride=n)
+        _launch.launch(mod, "sol080_swiglu_backward_pieces", (grid_stride_blocks(n),), (256,),
+                       [ptr(ws.act_pieces), i32(plan.act_splits), ptr(gate), ptr(up), ptr(ws.d_gu),
+                        i32(I), i64(n)])
+        return ctas
+    if plan.act_fused:
+        d_up = ws.d_gu.data.ptr + 2 * I  # the second half of every row
+        return gemm(m=T, n=I, segments=d_act, a_kmajor=True, b_kmajor=False, out=None, ldc=I,
+                    epilogue="swiglu_backward", engine="sm90",
                     swiglu=SwigluBackward(gate=gate, up=up, dg=ws.d_gu, du=d_up, ld_grad=2 * I,
                                           contract_rounding=True))
-    ctas = gemm(m=T, n=I, segments=[Segment(g, H, wd, I, k=H)], a_kmajor=True, b_kmajor=False,
-                out=ws.d_act, ldc=I)
-    n = T * I
-    _launch.launch(_build.load_module("sol080.cu"), "sol080_swiglu_backward",
-                   (grid_stride_blocks(n),), (256,),
+    ctas = gemm(m=T, n=I, segments=d_act, a_kmajor=True, b_kmajor=False, out=ws.d_act, ldc=I)
+    _launch.launch(mod, "sol080_swiglu_backward", (grid_stride_blocks(n),), (256,),
                    [ptr(ws.d_act), ptr(gate), ptr(up), ptr(ws.d_gu), i32(I), i64(n)])
     return ctas
 
@@ -179,12 +214,19 @@ def _grad_wgu(inputs, grad_wgu, ws: _Workspace, max_ctas) -> None:
          a_kmajor=False, b_kmajor=False, out=grad_wgu, ldc=H, max_ctas=max_ctas)
 
 
-def _dgrad(inputs, grad_h, ws: _Workspace) -> int:
+def _dgrad(inputs, grad_h, ws: _Workspace, plan: _Plan) -> int:
     """grad_hidden_states (steps 6, 12) as one GEMM over the concatenated reduction."""
     g, x, wr, scores, idx, tw, mask, wg, wu, wd, gate, up, act = inputs
     T, H = x.shape
     I, E = gate.shape[1], wr.shape[0]
     d_up = ws.d_gu.data.ptr + 2 * I
-    return gemm(m=T, n=H, segments=[Segment(d_up, 2 * I, wu, H, k=I), Segment(ws.d_gu, 2 * I, wg, H, k=I),
-                                    Segment(ws.hi, E, wr, H, k=E)],
-                a_kmajor=True, b_kmajor=False, out=grad_h, ldc=H)
+    segments = [Segment(d_up, 2 * I, wu, H, k=I), Segment(ws.d_gu, 2 * I, wg, H, k=I),
+                Segment(ws.hi, E, wr, H, k=E)]
+    if plan.dgrad_splits == 1:
+        return gemm(m=T, n=H, segments=segments, a_kmajor=True, b_kmajor=False, out=grad_h, ldc=H)
+    n = T * H
+    ctas = gemm(m=T, n=H, segments=segments, a_kmajor=True, b_kmajor=False, out=ws.dgrad_pieces,
+                ldc=H, epilogue="f32", k_splits=plan.dgrad_splits, c_group_stride=n)
+    _launch.launch(_build.load_module("sol080.cu"), "sum_pieces_bf16", (grid_stride_blocks(n),),
+                   (256,), [ptr(ws.dgrad_pieces), i32(plan.dgrad_splits), i64(n), ptr(grad_h)])
+    return ctas
