@@ -3,7 +3,9 @@ one CUDA graph when a caller repeats a call on the same buffers (gpu/graphs.py).
 
 The SwiGLU backward (steps 3-4) runs in the epilogue of d_act = g Wd, with the contract's rounding
 points, writing [d_gate | d_up] rows directly (d_act is never stored); where the Hopper loop does
-not apply (odd strides), d_act is stored and an elementwise kernel follows.
+not apply (odd strides), d_act is stored and an elementwise kernel follows. At small T, where
+d_act's few output tiles would leave most SMs idle through a K = H reduction, it runs split-K
+into fp32 pieces and the SwiGLU kernel sums them first (gemm.k_splits_for; the dgrad likewise).
 
 The contract's three dgrad products (d_up Wu, d_gate Wg, bf16(grl) Wr) run as one GEMM over the
 concatenated reduction, accumulated in fp32 and rounded once (within the pass rule; the contract
@@ -11,11 +13,13 @@ rounds each to bf16 first).
 
 The launches form a small DAG over two streams (fork/join by events, captured as graph branches):
     main: d_act GEMM (+ SwiGLU backward) ........ dgrad [d_gate | d_up | bf16(grl)] @ [Wg; Wu; Wr]
-    side: router kernel, grad_Wd = g^T act, router wgrad ... grad_[Wg; Wu] = [d_gate | d_up]^T x
-grad_Wd needs neither d_act nor the router, so it runs beside the d_act GEMM; when that GEMM's
-tiles leave SMs free (small T), the one beside it is held to the rest (gemm's max_ctas), and
-likewise grad_[Wg; Wu] beside the dgrad, so both start at once instead of queueing behind the
-other. CUPY_MOE_SOL080_STREAMS=0 keeps everything on one stream.
+    side: router kernel, grad_Wd = g^T act ....... grad_[Wg; Wu] = [d_gate | d_up]^T x, router wgrad
+grad_Wd needs neither d_act nor the router, so it can run beside the d_act GEMM, as grad_[Wg; Wu]
+beside the dgrad. A GEMM's CTAs each own a share of its tiles (persistent grid), so two GEMMs
+share the GPU only with disjoint SM budgets (gemm's max_ctas), chosen by gemm.share_sms where
+they fill each other's last waves; else the second queues behind the first. (Every GEMM CTA
+takes a whole SM's registers: the small kernels do not run inside a GEMM either.)
+CUPY_MOE_SOL080_STREAMS=0 keeps everything on one stream.
 """
 from __future__ import annotations
 
@@ -28,12 +32,9 @@ from .. import _build, _launch
 from .._arrays import bfloat16
 from .._launch import grid_stride_blocks, i32, i64, ptr
 from . import graphs, router
-from .gemm import Segment, SwigluBackward, device_sms, gemm, k_splits_for, sm90_applies
+from .gemm import Segment, SwigluBackward, gemm, k_splits_for, share_sms, sm90_applies
 
 CONCURRENT = os.environ.get("CUPY_MOE_SOL080_STREAMS", "1") != "0"
-# A GEMM beside another is held to the SMs the other leaves free only when that is at least this
-# many; with fewer, it takes the whole GPU and its CTAs start as the other's finish.
-MIN_SHARE = 16
 _side = {}  # (device, stream) -> _Side
 
 
@@ -58,12 +59,6 @@ class _Side:
             entry = _side[key] = cls(cp.cuda.Stream(non_blocking=True), event(), event(), event(),
                                      event())
         return entry
-
-
-def _beside(ctas: int):
-    """max_ctas for a GEMM started next to one that occupies `ctas` SMs."""
-    free = device_sms() - ctas
-    return free if free >= MIN_SHARE else None
 
 
 @dataclass(frozen=True)
@@ -135,57 +130,71 @@ def sol080_backward(g, x, wr, bias, logits, scores, idx, tw, mask, wg, wu, wd, g
 def _enqueue(inputs, outputs, ws: _Workspace, plan: _Plan) -> None:
     x = inputs[1]
     grad_h, grad_router, grad_wgu, grad_wd = outputs
+    d_act, wd_grad = _d_act_gemm(inputs, ws, plan), _grad_wd_gemm(inputs, grad_wd)
+    dgrad, wgu_grad = _dgrad_gemm(inputs, grad_h, ws, plan), _grad_wgu_gemm(inputs, grad_wgu, ws)
     main = cp.cuda.get_current_stream()
     side = _Side.of(main) if CONCURRENT else None
+    budgets = [(None, None), (None, None)]
     if side is not None:
+        budgets = [share_sms(gemm(**a, dry_run=True), gemm(**b, dry_run=True))
+                   for a, b in ((d_act, wd_grad), (dgrad, wgu_grad))]
         side.fork.record(main)
         side.stream.wait_event(side.fork)
-    d_act_ctas = _d_act(inputs, ws, plan)
+    gemm(**d_act, max_ctas=budgets[0][0])
+    _finish_d_act(inputs, ws, plan)
     with side.stream if side else main:
         _router_kernel(inputs, ws)
         if side:
             side.router_done.record()
-        _grad_wd(inputs, grad_wd, max_ctas=_beside(d_act_ctas) if side else None)
-        router.weight_gradient(ws.hi, ws.lo, x, grad_router, ws.partial)
+        gemm(**wd_grad, max_ctas=budgets[0][1])
     if side:
         side.d_act_done.record(main)
         main.wait_event(side.router_done)
-    dgrad_ctas = _dgrad(inputs, grad_h, ws, plan)
+    gemm(**dgrad, max_ctas=budgets[1][0])
+    _finish_dgrad(inputs, grad_h, ws, plan)
     with side.stream if side else main:
         if side:
             side.stream.wait_event(side.d_act_done)
-        _grad_wgu(inputs, grad_wgu, ws, max_ctas=_beside(dgrad_ctas) if side else None)
+        gemm(**wgu_grad, max_ctas=budgets[1][1])
+        router.weight_gradient(ws.hi, ws.lo, x, grad_router, ws.partial)
         if side:
             side.join.record()
     if side:
         main.wait_event(side.join)
 
 
-def _d_act(inputs, ws: _Workspace, plan: _Plan) -> int:
-    """[d_gate | d_up] from d_act = g Wd (steps 1, 3, 4); returns the SMs it occupies."""
+def _d_act_gemm(inputs, ws: _Workspace, plan: _Plan) -> dict:
+    """d_act = g Wd (step 1): split-K pieces, or with the SwiGLU backward (steps 3, 4) fused, or
+    stored for _finish_d_act."""
     g, x, wr, scores, idx, tw, mask, wg, wu, wd, gate, up, act = inputs
     T, H = x.shape
     I = gate.shape[1]
-    mod = _build.load_module("sol080.cu")
-    n = T * I
-    d_act = [Segment(g, H, wd, I, k=H)]
+    common = dict(m=T, n=I, segments=[Segment(g, H, wd, I, k=H)], a_kmajor=True, b_kmajor=False,
+                  ldc=I)
     if plan.act_splits > 1:
-        ctas = gemm(m=T, n=I, segments=d_act, a_kmajor=True, b_kmajor=False, out=ws.act_pieces,
-                    ldc=I, epilogue="f32", k_splits=plan.act_splits, c_group_stride=n)
+        return dict(common, out=ws.act_pieces, epilogue="f32", k_splits=plan.act_splits,
+                    c_group_stride=T * I)
+    if plan.act_fused:
+        d_up = ws.d_gu.data.ptr + 2 * I  # the second half of every row
+        return dict(common, out=None, epilogue="swiglu_backward", engine="sm90",
+                    swiglu=SwigluBackward(gate=gate, up=up, dg=ws.d_gu, du=d_up, ld_grad=2 * I,
+                                          contract_rounding=True))
+    return dict(common, out=ws.d_act)
+
+
+def _finish_d_act(inputs, ws: _Workspace, plan: _Plan) -> None:
+    """[d_gate | d_up] from d_act's pieces or stored d_act (steps 3, 4), unless fused."""
+    gate, up = inputs[10], inputs[11]
+    T, I = gate.shape
+    n = T * I
+    mod = _build.load_module("sol080.cu")
+    if plan.act_splits > 1:
         _launch.launch(mod, "sol080_swiglu_backward_pieces", (grid_stride_blocks(n),), (256,),
                        [ptr(ws.act_pieces), i32(plan.act_splits), ptr(gate), ptr(up), ptr(ws.d_gu),
                         i32(I), i64(n)])
-        return ctas
-    if plan.act_fused:
-        d_up = ws.d_gu.data.ptr + 2 * I  # the second half of every row
-        return gemm(m=T, n=I, segments=d_act, a_kmajor=True, b_kmajor=False, out=None, ldc=I,
-                    epilogue="swiglu_backward", engine="sm90",
-                    swiglu=SwigluBackward(gate=gate, up=up, dg=ws.d_gu, du=d_up, ld_grad=2 * I,
-                                          contract_rounding=True))
-    ctas = gemm(m=T, n=I, segments=d_act, a_kmajor=True, b_kmajor=False, out=ws.d_act, ldc=I)
-    _launch.launch(mod, "sol080_swiglu_backward", (grid_stride_blocks(n),), (256,),
-                   [ptr(ws.d_act), ptr(gate), ptr(up), ptr(ws.d_gu), i32(I), i64(n)])
-    return ctas
+    elif not plan.act_fused:
+        _launch.launch(mod, "sol080_swiglu_backward", (grid_stride_blocks(n),), (256,),
+                       [ptr(ws.d_act), ptr(gate), ptr(up), ptr(ws.d_gu), i32(I), i64(n)])
 
 
 def _router_kernel(inputs, ws: _Workspace) -> None:
@@ -198,35 +207,40 @@ def _router_kernel(inputs, ws: _Workspace) -> None:
                     i32(K), ptr(ws.hi), ptr(ws.lo)])
 
 
-def _grad_wd(inputs, grad_wd, max_ctas) -> None:
-    g, x, wr, scores, idx, tw, mask, wg, wu, wd, gate, up, act = inputs
-    T, H = x.shape
-    I = gate.shape[1]
-    gemm(m=H, n=I, segments=[Segment(g, H, act, I, k=T)], a_kmajor=False, b_kmajor=False,
-         out=grad_wd, ldc=I, max_ctas=max_ctas)
+def _grad_wd_gemm(inputs, grad_wd) -> dict:
+    """grad_Wd = g^T act (step 2)."""
+    g, act = inputs[0], inputs[12]
+    T, H = g.shape
+    I = act.shape[1]
+    return dict(m=H, n=I, segments=[Segment(g, H, act, I, k=T)], a_kmajor=False, b_kmajor=False,
+                out=grad_wd, ldc=I)
 
 
-def _grad_wgu(inputs, grad_wgu, ws: _Workspace, max_ctas) -> None:
+def _grad_wgu_gemm(inputs, grad_wgu, ws: _Workspace) -> dict:
     """[grad_Wg; grad_Wu] = [d_gate | d_up]^T x (step 5) as one GEMM."""
     x = inputs[1]
     T, H = x.shape
-    gemm(m=grad_wgu.shape[0], n=H, segments=[Segment(ws.d_gu, grad_wgu.shape[0], x, H, k=T)],
-         a_kmajor=False, b_kmajor=False, out=grad_wgu, ldc=H, max_ctas=max_ctas)
+    return dict(m=grad_wgu.shape[0], n=H, segments=[Segment(ws.d_gu, grad_wgu.shape[0], x, H, k=T)],
+                a_kmajor=False, b_kmajor=False, out=grad_wgu, ldc=H)
 
 
-def _dgrad(inputs, grad_h, ws: _Workspace, plan: _Plan) -> int:
-    """grad_hidden_states (steps 6, 12) as one GEMM over the concatenated reduction."""
-    g, x, wr, scores, idx, tw, mask, wg, wu, wd, gate, up, act = inputs
-    T, H = x.shape
+def _dgrad_gemm(inputs, grad_h, ws: _Workspace, plan: _Plan) -> dict:
+    """grad_hidden_states (steps 6, 12) as one GEMM over the concatenated reduction [d_up |
+    d_gate | bf16(grl)], or its split-K pieces for _finish_dgrad."""
+    wr, wg, wu, gate = inputs[2], inputs[7], inputs[8], inputs[10]
+    T, H = grad_h.shape
     I, E = gate.shape[1], wr.shape[0]
     d_up = ws.d_gu.data.ptr + 2 * I
-    segments = [Segment(d_up, 2 * I, wu, H, k=I), Segment(ws.d_gu, 2 * I, wg, H, k=I),
-                Segment(ws.hi, E, wr, H, k=E)]
+    common = dict(m=T, n=H, segments=[Segment(d_up, 2 * I, wu, H, k=I), Segment(ws.d_gu, 2 * I, wg, H, k=I),
+                                      Segment(ws.hi, E, wr, H, k=E)], a_kmajor=True, b_kmajor=False, ldc=H)
     if plan.dgrad_splits == 1:
-        return gemm(m=T, n=H, segments=segments, a_kmajor=True, b_kmajor=False, out=grad_h, ldc=H)
-    n = T * H
-    ctas = gemm(m=T, n=H, segments=segments, a_kmajor=True, b_kmajor=False, out=ws.dgrad_pieces,
-                ldc=H, epilogue="f32", k_splits=plan.dgrad_splits, c_group_stride=n)
-    _launch.launch(_build.load_module("sol080.cu"), "sum_pieces_bf16", (grid_stride_blocks(n),),
-                   (256,), [ptr(ws.dgrad_pieces), i32(plan.dgrad_splits), i64(n), ptr(grad_h)])
-    return ctas
+        return dict(common, out=grad_h)
+    return dict(common, out=ws.dgrad_pieces, epilogue="f32", k_splits=plan.dgrad_splits,
+                c_group_stride=T * H)
+
+
+def _finish_dgrad(inputs, grad_h, ws: _Workspace, plan: _Plan) -> None:
+    if plan.dgrad_splits > 1:
+        n = grad_h.size
+        _launch.launch(_build.load_module("sol080.cu"), "sum_pieces_bf16", (grid_stride_blocks(n),),
+                       (256,), [ptr(ws.dgrad_pieces), i32(plan.dgrad_splits), i64(n), ptr(grad_h)])
