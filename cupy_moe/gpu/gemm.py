@@ -51,11 +51,6 @@ def wide_tiles_pay(n: int, grouping: int) -> bool:
     return grouping == GROUPINGS["k"] and cdiv(n, 256) * 256 <= 1.1 * n
 
 
-def wave_efficiency(tiles: int, sms: int) -> float:
-    """Busy fraction of the SMs over a persistent grid's waves of equal tiles."""
-    return tiles / (cdiv(tiles, sms) * sms) if tiles else 1.0
-
-
 class GemmParams(ctypes.Structure):
     _fields_ = [
         ("a", ctypes.c_void_p * MAX_SEGMENTS), ("b", ctypes.c_void_p * MAX_SEGMENTS),
@@ -164,10 +159,8 @@ class Sm90Config:
     @classmethod
     def choose(cls, m_tiles: int, n: int, sms: int, num_groups: int = 0, pingpong: bool = False,
                **flags) -> "Sm90Config":
-        """Cooperative: 128 for the staged SwiGLU epilogue, else BN 256 where wide_tiles_pay,
-        every SM still gets a tile and (ungrouped) its last wave is not >10% emptier than 128's
-        (T = 2053's dgrad: 272 tiles = 2.06 waves of 132, 69% busy, vs 544 = 4.12, 82%), 64
-        for narrow outputs, else 128. Ping-pong: BN 64 for
+        """Cooperative: 128 for the staged SwiGLU epilogue, else BN 256 where wide_tiles_pay and
+        every SM still gets a tile, 64 for narrow outputs, else 128. Ping-pong: BN 64 for
         narrow outputs, else 128 (a warpgroup holds the whole 128 x BN accumulator). STAGES: as
         many as fit, at most 8 (ping-pong) or 4 / 6 / 8 by BN, one fewer with TMA stores."""
         if pingpong:
@@ -176,10 +169,7 @@ class Sm90Config:
         else:
             if flags.get("E_STAGED"):
                 bn = 128
-            elif (wide_tiles_pay(n, flags.get("GROUPING", 0)) and m_tiles * cdiv(n, 256) >= sms
-                  and (flags.get("GROUPING", 0) != GROUPINGS["none"]
-                       or wave_efficiency(m_tiles * cdiv(n, 256), sms)
-                       >= wave_efficiency(m_tiles * cdiv(n, 128), sms) - 0.10)):
+            elif wide_tiles_pay(n, flags.get("GROUPING", 0)) and m_tiles * cdiv(n, 256) >= sms:
                 bn = 256
             elif n <= 64:
                 bn = 64
@@ -271,10 +261,8 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
          out, ldc: int, epilogue: str = "bf16", grouping: str = "none",
          group_offsets=None, num_groups: int = 0, c_group_stride: int = 0,
          gather_a=None, gather_b=None, gather_div: int = 1, engine: str = "auto",
-         swiglu: SwigluBackward | None = None, max_ctas: int | None = None,
-         k_splits: int = 1, dry_run: bool = False):
-    """Launch one GEMM on the current stream; returns how many SMs it occupies (the persistent
-    Hopper loop's CTAs, else every SM).
+         swiglu: SwigluBackward | None = None, k_splits: int = 1) -> None:
+    """Launch one GEMM on the current stream.
 
     grouping='m': rows are experts' segments group_offsets[g]:group_offsets[g+1] of m total rows,
     B of group g at b + g * b_group_stride. grouping='k': group g reduces over memory lines
@@ -284,14 +272,11 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     (line -> map[line] // gather_div). engine: 'auto' (the Hopper main loop when it applies),
     'sm90' (it or ValueError), 'mma' (the portable main loop). epilogue='swiglu_backward' takes
     `swiglu` (out is ignored); where the Hopper loop does not apply, it runs as an fp32 GEMM and
-    the elementwise kernel. max_ctas: at most this many CTAs of the persistent Hopper loop (each
-    walks more tiles), so a GEMM run beside another on a second stream leaves it SMs of its own.
-    k_splits = S > 1 (ungrouped, epilogue 'f32'): split-K, the reduction (all segments' k in
+    the elementwise kernel. k_splits = S > 1 (ungrouped, epilogue 'f32'): split-K, the reduction (all segments' k in
     order) cut into S pieces whose fp32 products go to out + s * c_group_stride; the caller sums
     them (in a fixed order: deterministic). For GEMMs with few output tiles and a long reduction
     (k_splits_for). Where the Hopper loop does not apply, piece 0 holds the whole product and the
-    others zeros. dry_run: launch nothing, return the prepared launch (its tiles and tile_cost,
-    for share_sms).
+    others zeros.
 
     A launch's parameter block depends only on addresses and sizes, so it is built once per
     distinct call and replayed from a cache afterwards (repeated calls on the same buffers, as a
@@ -300,7 +285,7 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     assert 1 <= len(segments) <= MAX_SEGMENTS and engine in ENGINES
     assert k_splits == 1 or (grouping == "none" and epilogue == "f32" and c_group_stride >= m * ldc)
     if m == 0 or n == 0:
-        return None if dry_run else 0  # nothing to write (an M-grouped grid would otherwise still launch its group slack)
+        return  # nothing to write (an M-grouped grid would otherwise still launch its group slack)
     import cupy
 
     opt = lambda a: 0 if a is None else _addr(a)
@@ -320,7 +305,7 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
         if len(_prepared) >= 1024:
             _prepared.clear()
         _prepared[key] = launch
-    return launch if dry_run else launch.run(sw, max_ctas)
+    launch.run(sw)
 
 
 _prepared = {}  # the gemm() call's addresses and sizes -> _Launch
@@ -342,17 +327,8 @@ class _Launch:
     n: int = 0
     tiles_n: int = 0   # sm90 SwiGLU epilogue: row partials per row
     zero_bytes: tuple = ()  # (address, bytes) zeroed after the launch (split-K off the Hopper loop)
-    tiles: int = 0     # sm90: output tiles (x split-K pieces, x groups)
-    k_steps: float = 0.0  # sm90: mean k-tiles of 64 per tile
-    bn: int = 128
-    fused: bool = False   # sm90: the SwiGLU backward in the epilogue
 
-    def tile_cost(self) -> float:
-        """A tile's time in 128 x 128 x 64 MMA steps: its k-tiles, 3 more for the pipeline's
-        fill and the epilogue, a quarter more with the SwiGLU backward (bench/NOTES.md v0.4)."""
-        return (self.k_steps + 3) * self.bn / 128 * (1.25 if self.fused else 1.0)
-
-    def run(self, sw, max_ctas=None) -> int:
+    def run(self, sw) -> None:
         import cupy
 
         P = self.param_type.from_buffer_copy(self.params)
@@ -364,10 +340,7 @@ class _Launch:
         if self.kind == "unfused":
             da = cupy.empty((self.m, self.n), cupy.float32)
             base.c, base.ldc = da.data.ptr, self.n
-        grid = self.grid
-        if self.kind == "sm90" and max_ctas is not None:
-            grid = (max(1, min(grid[0], int(max_ctas))),)
-        _launch.launch(self.module, self.name, grid, (self.threads,), [P], self.smem)
+        _launch.launch(self.module, self.name, self.grid, (self.threads,), [P], self.smem)
         if self.zero_bytes:
             address, size = self.zero_bytes
             cupy.cuda.runtime.memsetAsync(address, 0, size, cupy.cuda.get_current_stream().ptr)
@@ -378,7 +351,6 @@ class _Launch:
 
             swiglu_backward(da, sw.gate, sw.up, sw.act, sw.weights, sw.row_index,
                             out=(sw.dg, sw.du, sw.dw, sw.aw))
-        return grid[0] if self.kind == "sm90" else device_sms()
 
 
 def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, group_offsets,
@@ -489,36 +461,13 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags) -> _Launch:
             gstride = s.b_group_stride if groups > 1 else s.ldb * dims[1]
             encode_bf16(P.tma_b[i], _addr(s.b), dims + (groups,), (s.ldb, gstride), box + (1,))
     tiles_n = cdiv(n, cfg.BN)
-    k_steps = sum(cdiv(s.k, Sm90Config.BK) for s in segments)
     if grouping == "k":
         tiles = num_groups * cdiv(m, cfg.BM) * tiles_n
-        k_steps /= max(1, num_groups)
     else:
         tiles = m_tiles * tiles_n * pieces
-        k_steps /= pieces
     return _Launch("sm90", _sm90_module(cfg), "gemm_sm90_kernel", (min(tiles, sms),), cfg.threads,
                    cfg.smem_bytes(num_groups if grouping == "m" else 0), bytes(P), GemmSm90Params,
-                   m=m, n=n, tiles_n=tiles_n, tiles=tiles, k_steps=k_steps, bn=cfg.BN,
-                   fused=flags["EPILOGUE"] == EPILOGUES["swiglu_backward"])
-
-
-def share_sms(x: "_Launch", y: "_Launch", least: int = 16):
-    """max_ctas for two independent GEMMs (prepared by gemm(dry_run=True)) started together on
-    two streams: the split of the SMs that finishes both soonest by _Launch.tile_cost, when that
-    beats one after the other by 10% in the same model; else (None, None). Each part holds at
-    least `least` SMs. (A persistent grid's CTAs each own a fixed share of its tiles, so a GEMM
-    whose CTAs wait for another's SMs finishes late: a shared GPU needs disjoint budgets.)"""
-    if x is None or y is None or x.kind != "sm90" or y.kind != "sm90":
-        return None, None
-    sms = device_sms()
-    tx, ty = x.tile_cost(), y.tile_cost()
-    best = 0.9 * (cdiv(x.tiles, sms) * tx + cdiv(y.tiles, sms) * ty)
-    split = None, None
-    for cx in range(least, sms - least + 1):
-        t = max(cdiv(x.tiles, cx) * tx, cdiv(y.tiles, sms - cx) * ty)
-        if t < best:
-            best, split = t, (cx, sms - cx)
-    return split
+                   m=m, n=n, tiles_n=tiles_n)
 
 
 def k_splits_for(m: int, n: int, k: int, most: int = 8) -> int:

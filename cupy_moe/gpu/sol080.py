@@ -14,11 +14,10 @@ rounds each to bf16 first).
 The launches form a small DAG over two streams (fork/join by events, captured as graph branches):
     main: d_act GEMM (+ SwiGLU backward) ........ dgrad [d_gate | d_up | bf16(grl)] @ [Wg; Wu; Wr]
     side: router kernel, grad_Wd = g^T act ....... grad_[Wg; Wu] = [d_gate | d_up]^T x, router wgrad
-grad_Wd needs neither d_act nor the router, so it can run beside the d_act GEMM, as grad_[Wg; Wu]
-beside the dgrad. A GEMM's CTAs each own a share of its tiles (persistent grid), so two GEMMs
-share the GPU only with disjoint SM budgets (gemm's max_ctas), chosen by gemm.share_sms where
-they fill each other's last waves; else the second queues behind the first. (Every GEMM CTA
-takes a whole SM's registers: the small kernels do not run inside a GEMM either.)
+grad_Wd needs neither d_act nor the router, so it can start as the d_act GEMM's last wave leaves
+SMs free, as grad_[Wg; Wu] beside the dgrad. (Holding two GEMMs to disjoint SM budgets, chosen
+by a tile-time model, measured no better: bench/NOTES.md v0.5. Every GEMM CTA takes a whole
+SM's registers, so the small kernels do not run inside a GEMM either.)
 CUPY_MOE_SOL080_STREAMS=0 keeps everything on one stream.
 """
 from __future__ import annotations
@@ -32,7 +31,7 @@ from .. import _build, _launch
 from .._arrays import bfloat16
 from .._launch import grid_stride_blocks, i32, i64, ptr
 from . import graphs, router
-from .gemm import Segment, SwigluBackward, gemm, k_splits_for, share_sms, sm90_applies
+from .gemm import Segment, SwigluBackward, gemm, k_splits_for, sm90_applies
 
 CONCURRENT = os.environ.get("CUPY_MOE_SOL080_STREAMS", "1") != "0"
 _side = {}  # (device, stream) -> _Side
@@ -134,28 +133,25 @@ def _enqueue(inputs, outputs, ws: _Workspace, plan: _Plan) -> None:
     dgrad, wgu_grad = _dgrad_gemm(inputs, grad_h, ws, plan), _grad_wgu_gemm(inputs, grad_wgu, ws)
     main = cp.cuda.get_current_stream()
     side = _Side.of(main) if CONCURRENT else None
-    budgets = [(None, None), (None, None)]
     if side is not None:
-        budgets = [share_sms(gemm(**a, dry_run=True), gemm(**b, dry_run=True))
-                   for a, b in ((d_act, wd_grad), (dgrad, wgu_grad))]
         side.fork.record(main)
         side.stream.wait_event(side.fork)
-    gemm(**d_act, max_ctas=budgets[0][0])
+    gemm(**d_act)
     _finish_d_act(inputs, ws, plan)
     with side.stream if side else main:
         _router_kernel(inputs, ws)
         if side:
             side.router_done.record()
-        gemm(**wd_grad, max_ctas=budgets[0][1])
+        gemm(**wd_grad)
     if side:
         side.d_act_done.record(main)
         main.wait_event(side.router_done)
-    gemm(**dgrad, max_ctas=budgets[1][0])
+    gemm(**dgrad)
     _finish_dgrad(inputs, grad_h, ws, plan)
     with side.stream if side else main:
         if side:
             side.stream.wait_event(side.d_act_done)
-        gemm(**wgu_grad, max_ctas=budgets[1][1])
+        gemm(**wgu_grad)
         router.weight_gradient(ws.hi, ws.lo, x, grad_router, ws.partial)
         if side:
             side.join.record()
