@@ -2,10 +2,12 @@
 .nv.constant and .nv.shared sections; not symbol names, which change when a constexpr is renamed).
 Compare it before and after a kernel edit meant to change nothing (a CPU-only check: equal hashes
 mean the device-verified code is what runs).
-Usage: PYTHONPATH=. python tools/cubin_code_hash.py"""
+Usage: PYTHONPATH=. python tools/cubin_code_hash.py [--first N] (only the first N configs: those
+an older revision had, when configs were appended since)"""
 import hashlib
 import os
 import struct
+import sys
 import tempfile
 
 os.environ["CUPY_MOE_CACHE_DIR"] = tempfile.mkdtemp()
@@ -31,13 +33,18 @@ def code_sections(elf: bytes) -> dict:
 
 
 def main():
-    digest = hashlib.sha256()
+    digest, text = hashlib.sha256(), hashlib.sha256()
     configs = gemm.example_sm90_configs()
+    if "--first" in sys.argv:
+        configs = configs[:int(sys.argv[sys.argv.index("--first") + 1])]
     for cfg in configs:
         path, _ = _build.compile_entry("gemm_sm90.cu", gemm.sm90_prelude(cfg), "sm_90a")
         for name, data in sorted(code_sections(path.read_bytes()).items()):
             digest.update(name.encode() + data)
-    print(f"{len(configs)} configs: {digest.hexdigest()}")
+            if name.startswith(".text"):
+                text.update(name.encode() + data)
+    # .nv.constant / .nv.info also change with a new Cfg field that changes no instruction.
+    print(f"{len(configs)} configs: {digest.hexdigest()} (instructions alone: {text.hexdigest()})")
 
 
 if __name__ == "__main__":

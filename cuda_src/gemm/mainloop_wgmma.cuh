@@ -80,6 +80,8 @@ struct Plan {
   static_assert(Cfg::EPILOGUE != kSwigluBackward || Cfg::GROUPING != kKGrouped, "row epilogue");
   static_assert(PRODUCER_REGS * PRODUCER_THREADS + CONSUMER_REGS * 128 * CONSUMER_WARPGROUPS <= 65536, "regs");
   static_assert(Cfg::GROUPING != kMGrouped || Cfg::A_KMAJOR, "M-grouped GEMMs take a K-major A");
+  static_assert(!Cfg::SPLIT_K || (Cfg::GROUPING == kNone && Cfg::EPILOGUE == kStoreF32),
+                "split-K: fp32 pieces of an ungrouped GEMM");
   static_assert(Cfg::GROUPING != kKGrouped || (!Cfg::A_KMAJOR && !Cfg::B_KMAJOR),
                 "K-grouped GEMMs reduce over memory lines: both operands MN-major");
   static_assert(!E_STAGED || (Cfg::EPILOGUE == kSwigluBackward && !PINGPONG && !Cfg::C_TMA && !CPA &&
@@ -88,6 +90,9 @@ struct Plan {
   static_assert(SCHEDULE == HOST_TABLE_OFFSET,
                 "Sm90Config.smem_bytes (cupy_moe/gpu/gemm.py) disagrees with this layout");
 };
+
+template <class Cfg>
+using Scheduler = TileScheduler<BM, Cfg::BN, Cfg::GROUPING, Cfg::SPLIT_K>;
 
 // cp.async copy of memory lines [line0, line0 + LINES) x columns [col0, col0 + WIDTH) into the
 // swizzled layout (K-major: LINES rows of WIDTH = 64; MN-major: LINES = 64 k rows of WIDTH
@@ -137,7 +142,7 @@ __device__ __forceinline__ void tma_tile(u8* tile, const TmaDesc* map, u64* bar,
 }
 
 template <class Cfg>
-__device__ __forceinline__ void producer(const GemmSm90Params& P, const TileScheduler<BM, Cfg::BN, Cfg::GROUPING>& sched,
+__device__ __forceinline__ void producer(const GemmSm90Params& P, const Scheduler<Cfg>& sched,
                                          u8* smem, u64* full, u64* empty, int tid) {
   using L = Plan<Cfg>;
   constexpr int BN = Cfg::BN;
@@ -155,7 +160,8 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const TileSche
       const bf16_t* a_base = (const bf16_t*)p.a[s];
       const bf16_t* b_base = (const bf16_t*)p.b[s] + (i64)grp * p.b_group_stride[s];
       for (int k0 = k_begin; k0 < k_end; k0 += BK, ++kt) {
-        if (!sched.loads(tc, kt)) continue;  // another split-K piece's
+        if constexpr (Cfg::SPLIT_K)
+          if (!sched.loads(tc, kt)) continue;  // another piece's
         mbar_wait(&empty[stage], phase ^ 1);
         u8* ta = smem + stage * L::STAGE_BYTES;
         u8* tb = ta + L::A_BYTES;
@@ -218,7 +224,7 @@ __device__ __forceinline__ void mask_lines(u8* stage, int valid, int tid, int th
 template <class Cfg>
 __device__ __forceinline__ void store_tile_direct(const GemmParams& p, const Tile& tc,
                                                   const float (&acc)[Cfg::BN / 2], int row_off, int warp, int lane) {
-  const i64 c_off = Cfg::GROUPING != kMGrouped ? (i64)tc.group * p.c_group_stride : 0;
+  const i64 c_off = Cfg::GROUPING == kKGrouped || Cfg::SPLIT_K ? (i64)tc.group * p.c_group_stride : 0;
   const int row0 = tc.m0 + row_off + 16 * warp + lane / 4;
   const int col0 = tc.n0 + 2 * (lane % 4);
   #pragma unroll
@@ -363,7 +369,7 @@ __device__ __forceinline__ void stage_accumulators(const float (&acc)[Cfg::BN / 
 // handed back. Columns past n and rows past the tile's group are neither read nor written.
 template <class Cfg>
 __device__ __forceinline__ void swiglu_epilogue_warps(const GemmSm90Params& P,
-                                                      const TileScheduler<BM, Cfg::BN, Cfg::GROUPING>& sched,
+                                                      const Scheduler<Cfg>& sched,
                                                       const u8* dacc, u64* epi_bar, int ew, int lane) {
   using L = Plan<Cfg>;
   constexpr int R = 6;  // rows in flight per warp: global latency is what bounds these warps
@@ -463,7 +469,7 @@ __device__ __forceinline__ void store_tile_tma(const GemmSm90Params& P, const Ti
 // the others', and waits for its turn at the tensor cores: turn[wg] completes when the other
 // warpgroup has issued its previous tile's MMAs).
 template <class Cfg>
-__device__ __forceinline__ void consumer(const GemmSm90Params& P, const TileScheduler<BM, Cfg::BN, Cfg::GROUPING>& sched,
+__device__ __forceinline__ void consumer(const GemmSm90Params& P, const Scheduler<Cfg>& sched,
                                          u8* smem, u64* full, u64* empty, u64* turn, u64* epi_bar, int wg, int tid) {
   using L = Plan<Cfg>;
   constexpr int BN = Cfg::BN, HV = L::HALVES;
@@ -590,10 +596,10 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
     fence_barrier_init();
   }
   if constexpr (Cfg::GROUPING == kMGrouped) {
-    if (tid >= 32 && tid < 64) TileScheduler<BM, Cfg::BN, Cfg::GROUPING>::build(P.base, tile_start, tid - 32);
+    if (tid >= 32 && tid < 64) Scheduler<Cfg>::build(P.base, tile_start, tid - 32);
   }
   __syncthreads();
-  const TileScheduler<BM, Cfg::BN, Cfg::GROUPING> sched(P.base, tile_start);
+  const Scheduler<Cfg> sched(P.base, tile_start);
   if (tid < PRODUCER_THREADS) {
     if constexpr (L::E_STAGED) {
       if (tid >= 32) {

@@ -3,7 +3,7 @@
 // tiles blockIdx.x, blockIdx.x + gridDim.x, ... in the same order as its producer and consumers.
 // Order: n fastest, so CTAs running together share an A row block and sweep B, which stays in L2
 // (one expert's weights for M-grouped GEMMs).
-// Split-K (ungrouped GEMMs with num_groups = S > 1): the reduction, every segment's k-tiles in
+// Split-K (SPLIT: ungrouped GEMMs, num_groups = S pieces): the reduction, every segment's k-tiles in
 // order, is cut into S nearly equal runs of k-tiles; piece s of every output tile goes to the
 // fp32 partial C + s * c_group_stride (the caller sums the pieces in a fixed order). Pieces are
 // the outermost index, so CTAs running together share operands as without the split.
@@ -20,12 +20,12 @@ struct Tile {
   int k_lo, k_hi;   // K-grouped: the group's reduction lines; split-K: the piece's k-tiles
 };
 
-template <int BM, int BN, int GROUPING, int BK = 64>
+template <int BM, int BN, int GROUPING, bool SPLIT, int BK = 64>
 struct TileScheduler {
+  static_assert(!SPLIT || GROUPING == kNone, "split-K pieces of ungrouped GEMMs only");
   const GemmParams& p;
   const int* tile_start;  // M-grouped: first m-tile of each group, num_groups + 1 entries (smem)
   int tiles_m, tiles_n, total;
-  int splits = 1, k_tiles_all = 0;  // split-K pieces, k-tiles of the whole reduction
 
   // M-grouped only, run by one warp before the CTA's first barrier: prefix sums of m-tiles.
   __device__ static void build(const GemmParams& p, int* tile_start, int lane) {
@@ -47,11 +47,7 @@ struct TileScheduler {
   __device__ TileScheduler(const GemmParams& params, const int* starts) : p(params), tile_start(starts) {
     tiles_n = (p.n + BN - 1) / BN;
     tiles_m = GROUPING == kMGrouped ? tile_start[p.num_groups] : (p.m + BM - 1) / BM;
-    if (GROUPING == kNone && p.num_groups > 1) {
-      splits = p.num_groups;
-      for (int s = 0; s < p.num_segments; ++s) k_tiles_all += (p.seg_k[s] + BK - 1) / BK;
-    }
-    total = tiles_m * tiles_n * (GROUPING == kKGrouped ? p.num_groups : splits);
+    total = tiles_m * tiles_n * (GROUPING == kKGrouped || SPLIT ? p.num_groups : 1);
   }
 
   __device__ Tile tile(int t) const {
@@ -73,25 +69,27 @@ struct TileScheduler {
       c.m0 = (mt % tiles_m) * BM;
       c.k_lo = k_group_start(p, c.group);
       c.k_hi = k_group_start(p, c.group + 1);
-    } else {
-      c.group = mt / tiles_m;  // the split-K piece (0 without a split)
+    } else if constexpr (SPLIT) {
+      int all = 0;  // k-tiles of the whole reduction
+      for (int s = 0; s < p.num_segments; ++s) all += (p.seg_k[s] + BK - 1) / BK;
+      c.group = mt / tiles_m;  // the piece
       c.m0 = (mt % tiles_m) * BM;
-      if (splits > 1) {
-        c.k_lo = (int)((long long)k_tiles_all * c.group / splits);
-        c.k_hi = (int)((long long)k_tiles_all * (c.group + 1) / splits);
-      }
+      c.k_lo = (int)((long long)all * c.group / p.num_groups);
+      c.k_hi = (int)((long long)all * (c.group + 1) / p.num_groups);
+    } else {
+      c.m0 = mt * BM;
     }
     return c;
   }
 
   // Whether the producer loads k-tile kt (counted over all segments) for this tile.
   __device__ bool loads(const Tile& c, int kt) const {
-    return splits == 1 || (kt >= c.k_lo && kt < c.k_hi);
+    return !SPLIT || (kt >= c.k_lo && kt < c.k_hi);
   }
 
   // Reduction tiles of a tile: every segment's k range in BK steps (split-K: its piece's).
   __device__ int k_tiles(const Tile& c) const {
-    if (splits > 1) return c.k_hi - c.k_lo;
+    if constexpr (SPLIT) return c.k_hi - c.k_lo;
     int n = 0;
     for (int s = 0; s < p.num_segments; ++s) {
       const int k = GROUPING == kKGrouped ? c.k_hi - c.k_lo : p.seg_k[s];

@@ -140,6 +140,7 @@ class Sm90Config:
     C_TMA: bool = False  # bf16 results leave through shared memory and TMA stores
     PINGPONG: bool = False  # consumer warpgroups take whole tiles in turn (else share each tile)
     E_STAGED: bool = False  # SwiGLU backward on the producer's spare warps from staged fp32 da'
+    SPLIT_K: bool = False  # fp32 pieces of the reduction (num_groups of them, ungrouped GEMMs)
 
     BM = 128
     BK = 64
@@ -437,7 +438,7 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags) -> _Launch:
         pingpong = bool(PINGPONG)
     staged = not pingpong and _epilogue_staged(p, n, flags)
     cfg = Sm90Config.choose(m_tiles * pieces, n, sms, num_groups if grouping == "m" else 0, pingpong,
-                            C_TMA=c_tma, E_STAGED=staged, **flags)
+                            C_TMA=c_tma, E_STAGED=staged, SPLIT_K=pieces > 1, **flags)
     if CONFIG_OVERRIDE:
         cfg = dataclasses.replace(cfg, **CONFIG_OVERRIDE)
     P = GemmSm90Params()
@@ -549,4 +550,8 @@ def example_sm90_configs():
                         1, bn, 132, 128 if grouping == 1 else 0, True, A_KMAJOR=a_k,
                         B_KMAJOR=b_k, GATHER_A=gather_a, GATHER_B=gather_b, GROUPING=grouping,
                         EPILOGUE=epi, C_TMA=c_tma))
+    # Split-K pieces (SOL-080's d_act and dgrad at small T); last, so the configs above keep
+    # their order for tools/cubin_code_hash.py --first.
+    out.append(Sm90Config.choose(1, 1408, 132, 0, False, A_KMAJOR=True, B_KMAJOR=False,
+                                 EPILOGUE=1, SPLIT_K=True))
     return out
