@@ -151,3 +151,20 @@ def test_nccl_world_equals_one_gpu(W):
     for f in GRAD_FIELDS[-3:] + ("router_weight",):
         got = sum(f32(gr[f]) for _, gr in results)
         assert relative_error(got, f32(getattr(ref, f).get())) < 1e-2, f
+
+
+def test_permutations_move_rows_like_fancy_indexing_and_skip_the_identity():
+    import cupy as cp
+
+    from cupy_moe.parallel.gpu_layer import _Permutation
+
+    rng = np.random.default_rng(4)
+    order = rng.permutation(37)
+    perm = _Permutation.of(order)
+    for width in (12, 64):  # element copies and 16-byte vectors
+        rows = cp.asarray(rng.standard_normal((37, width)).astype(cupy_moe.bfloat16))
+        assert (perm(rows) == rows[cp.asarray(order)]).all()
+    values = cp.asarray(rng.standard_normal(37).astype(np.float32))
+    assert (perm(values) == values[cp.asarray(order)]).all()
+    identity = _Permutation.of(np.arange(37))
+    assert identity.index is None and identity(values) is values

@@ -16,12 +16,33 @@ from dataclasses import dataclass
 from typing import Any
 
 import cupy as cp
+import numpy as np
 
+from .._arrays import bfloat16
 from ..context import MoEContext
 from ..gpu import elementwise, router, routing
 from ..gpu.layer import (backward_tail, check_config, experts_backward, experts_forward,
                          finish_forward)
 from .dispatch import DispatchPlan, plan_dispatch
+
+
+@dataclass(frozen=True)
+class _Permutation:
+    """One of the plan's row permutations on the device (rows[index]), or None: the identity."""
+
+    index: Any  # [R] int32, or None
+
+    @classmethod
+    def of(cls, host_index) -> "_Permutation":
+        identity = np.array_equal(host_index, np.arange(host_index.size))
+        return cls(None if identity else cp.asarray(host_index, dtype=cp.int32))
+
+    def __call__(self, rows):
+        if self.index is None:
+            return rows
+        if rows.ndim == 2 and rows.dtype == bfloat16 and rows.flags.c_contiguous:
+            return elementwise.gather_rows(rows, self.index, 1)
+        return rows[self.index]
 
 
 @dataclass(frozen=True, eq=False)
@@ -30,9 +51,9 @@ class GpuExpertParallelState:
 
     group: Any
     plan: DispatchPlan
-    to_expert_major: Any   # device copies of the plan's permutations and offsets
-    to_received: Any
-    local_offsets: Any
+    to_expert_major: _Permutation  # received order -> expert-major order
+    to_received: _Permutation      # and back
+    local_offsets: Any             # device copy of the plan's
     x_rows: Any            # [R, H] the received token rows
     gate: Any              # [R, I]
     up: Any
@@ -46,13 +67,13 @@ def forward(x, wr, bias, wg, wu, wd, wsg, wsu, wsd, config, group):
     scores, idx, w = router.forward(x, wr, bias, config)
     r = routing.sort(idx, E)
     plan = plan_dispatch(r.tokens_per_expert.get(), group)
-    to_em, to_recv = cp.asarray(plan.to_expert_major), cp.asarray(plan.to_received)
+    to_em, to_recv = _Permutation.of(plan.to_expert_major), _Permutation.of(plan.to_received)
     offsets = cp.asarray(plan.local_offsets)
     x_sorted = elementwise.gather_rows(x, r.sorted_slots, K)
-    x_rows = group.exchange_rows(x_sorted, plan.send_counts, plan.recv_counts)[to_em]
+    x_rows = to_em(group.exchange_rows(x_sorted, plan.send_counts, plan.recv_counts))
     del x_sorted
     gate, up, act, y_rows = experts_forward(x_rows, offsets, El, wg, wu, wd)
-    y_sorted = group.exchange_rows(y_rows[to_recv], plan.recv_counts, plan.send_counts)
+    y_sorted = group.exchange_rows(to_recv(y_rows), plan.recv_counts, plan.send_counts)
     del y_rows
     ep = GpuExpertParallelState(group=group, plan=plan, to_expert_major=to_em, to_received=to_recv,
                                 local_offsets=offsets, x_rows=x_rows, gate=gate, up=up, act=act)
@@ -67,10 +88,10 @@ def backward(dy, ctx: MoEContext):
     slots = ctx.sorted_slots
 
     def to_experts(rows):
-        return group.exchange_rows(rows, plan.send_counts, plan.recv_counts)[ep.to_expert_major]
+        return ep.to_expert_major(group.exchange_rows(rows, plan.send_counts, plan.recv_counts))
 
     def to_sources(rows):
-        return group.exchange_rows(rows[ep.to_received], plan.recv_counts, plan.send_counts)
+        return group.exchange_rows(ep.to_received(rows), plan.recv_counts, plan.send_counts)
 
     dy_rows = to_experts(elementwise.gather_rows(dy, slots, K))
     w_rows = to_experts(ctx.topk_weights.reshape(-1)[slots])
