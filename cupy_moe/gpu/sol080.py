@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import cupy as cp
 
@@ -60,6 +61,24 @@ class _Side:
         return entry
 
 
+class _Inputs(NamedTuple):
+    """The arrays the math reads (bias and router_logits are not among them)."""
+
+    g: object
+    x: object
+    wr: object
+    scores: object
+    idx: object
+    tw: object
+    mask: object
+    wg: object
+    wu: object
+    wd: object
+    gate: object
+    up: object
+    act: object
+
+
 @dataclass(frozen=True)
 class _Plan:
     """How a call's two long-reduction GEMMs run (a function of shapes and alignment only).
@@ -75,8 +94,9 @@ class _Plan:
         T, H = g.shape
         I, E = gate.shape[1], wr.shape[0]
         d_act_on_sm90 = sm90_applies(T, I, [Segment(g, H, wd, I, k=H)], True, False)
-        # The dgrad's A operands live in the workspace (256-byte aligned): their offsets stand in.
-        dgrad_on_sm90 = sm90_applies(T, H, [Segment(4 * I, 2 * I, wu, H, k=I), Segment(0, 2 * I, wg, H, k=I),
+        # The dgrad's A operands live in the workspace (256-byte aligned): their byte offsets
+        # stand in for their addresses (d_up: I bf16 into each row).
+        dgrad_on_sm90 = sm90_applies(T, H, [Segment(2 * I, 2 * I, wu, H, k=I), Segment(0, 2 * I, wg, H, k=I),
                                             Segment(0, E, wr, H, k=E)], True, False)
         act_splits = k_splits_for(T, I, H) if d_act_on_sm90 else 1
         return cls(act_splits=act_splits, act_fused=d_act_on_sm90 and act_splits == 1,
@@ -117,7 +137,7 @@ def sol080_backward(g, x, wr, bias, logits, scores, idx, tw, mask, wg, wu, wd, g
     grad_wd = cp.empty((H, I), bfloat16)
     grad_router = cp.empty((E, H), cp.float32)
     grad_h = cp.empty((T, H), bfloat16)
-    inputs = (g, x, wr, scores, idx, tw, mask, wg, wu, wd, gate, up, act)
+    inputs = _Inputs(g, x, wr, scores, idx, tw, mask, wg, wu, wd, gate, up, act)
     outputs = (grad_h, grad_router, grad_wgu, grad_wd)
     key = ("sol080", T, H, I, E, idx.shape[1]) + tuple(a.data.ptr for a in inputs + outputs)
     plan = _Plan.of(g, wr, wg, wu, wd, gate)
@@ -126,8 +146,7 @@ def sol080_backward(g, x, wr, bias, logits, scores, idx, tw, mask, wg, wu, wd, g
     return grad_h, grad_router, grad_wgu[:I], grad_wgu[I:], grad_wd
 
 
-def _enqueue(inputs, outputs, ws: _Workspace, plan: _Plan) -> None:
-    x = inputs[1]
+def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan) -> None:
     grad_h, grad_router, grad_wgu, grad_wd = outputs
     d_act, wd_grad = _d_act_gemm(inputs, ws, plan), _grad_wd_gemm(inputs, grad_wd)
     dgrad, wgu_grad = _dgrad_gemm(inputs, grad_h, ws, plan), _grad_wgu_gemm(inputs, grad_wgu, ws)
@@ -147,40 +166,39 @@ def _enqueue(inputs, outputs, ws: _Workspace, plan: _Plan) -> None:
         side.d_act_done.record(main)
         main.wait_event(side.router_done)
     gemm(**dgrad)
-    _finish_dgrad(inputs, grad_h, ws, plan)
+    _finish_dgrad(grad_h, ws, plan)
     with side.stream if side else main:
         if side:
             side.stream.wait_event(side.d_act_done)
         gemm(**wgu_grad)
-        router.weight_gradient(ws.hi, ws.lo, x, grad_router, ws.partial)
+        router.weight_gradient(ws.hi, ws.lo, inputs.x, grad_router, ws.partial)
         if side:
             side.join.record()
     if side:
         main.wait_event(side.join)
 
 
-def _d_act_gemm(inputs, ws: _Workspace, plan: _Plan) -> dict:
+def _d_act_gemm(inputs: _Inputs, ws: _Workspace, plan: _Plan) -> dict:
     """d_act = g Wd (step 1): split-K pieces, or with the SwiGLU backward (steps 3, 4) fused, or
     stored for _finish_d_act."""
-    g, x, wr, scores, idx, tw, mask, wg, wu, wd, gate, up, act = inputs
-    T, H = x.shape
-    I = gate.shape[1]
-    common = dict(m=T, n=I, segments=[Segment(g, H, wd, I, k=H)], a_kmajor=True, b_kmajor=False,
-                  ldc=I)
+    T, H = inputs.g.shape
+    I = inputs.gate.shape[1]
+    common = dict(m=T, n=I, segments=[Segment(inputs.g, H, inputs.wd, I, k=H)], a_kmajor=True,
+                  b_kmajor=False, ldc=I)
     if plan.act_splits > 1:
         return dict(common, out=ws.act_pieces, epilogue="f32", k_splits=plan.act_splits,
                     c_group_stride=T * I)
     if plan.act_fused:
-        d_up = ws.d_gu.data.ptr + 2 * I  # the second half of every row
+        d_up = ws.d_gu.data.ptr + 2 * I  # bytes: the second half of every row
         return dict(common, out=None, epilogue="swiglu_backward", engine="sm90",
-                    swiglu=SwigluBackward(gate=gate, up=up, dg=ws.d_gu, du=d_up, ld_grad=2 * I,
-                                          contract_rounding=True))
+                    swiglu=SwigluBackward(gate=inputs.gate, up=inputs.up, dg=ws.d_gu, du=d_up,
+                                          ld_grad=2 * I, contract_rounding=True))
     return dict(common, out=ws.d_act)
 
 
-def _finish_d_act(inputs, ws: _Workspace, plan: _Plan) -> None:
+def _finish_d_act(inputs: _Inputs, ws: _Workspace, plan: _Plan) -> None:
     """[d_gate | d_up] from d_act's pieces or stored d_act (steps 3, 4), unless fused."""
-    gate, up = inputs[10], inputs[11]
+    gate, up = inputs.gate, inputs.up
     T, I = gate.shape
     n = T * I
     mod = _build.load_module("sol080.cu")
@@ -193,40 +211,40 @@ def _finish_d_act(inputs, ws: _Workspace, plan: _Plan) -> None:
                        [ptr(ws.d_act), ptr(gate), ptr(up), ptr(ws.d_gu), i32(I), i64(n)])
 
 
-def _router_kernel(inputs, ws: _Workspace) -> None:
+def _router_kernel(inputs: _Inputs, ws: _Workspace) -> None:
     """bf16(grl) and its remainder (steps 7-10)."""
-    g, x, wr, scores, idx, tw, mask, wg, wu, wd, gate, up, act = inputs
-    T, H = x.shape
-    E, K = wr.shape[0], idx.shape[1]
+    a = inputs
+    T, H = a.g.shape
+    E, K = a.wr.shape[0], a.idx.shape[1]
     _launch.launch(_build.load_module("sol080.cu"), "sol080_router", (T,), (256,),
-                   [ptr(g), ptr(tw), ptr(idx), ptr(mask), ptr(scores), i32(T), i32(H), i32(E),
-                    i32(K), ptr(ws.hi), ptr(ws.lo)])
+                   [ptr(a.g), ptr(a.tw), ptr(a.idx), ptr(a.mask), ptr(a.scores), i32(T), i32(H),
+                    i32(E), i32(K), ptr(ws.hi), ptr(ws.lo)])
 
 
-def _grad_wd_gemm(inputs, grad_wd) -> dict:
+def _grad_wd_gemm(inputs: _Inputs, grad_wd) -> dict:
     """grad_Wd = g^T act (step 2)."""
-    g, act = inputs[0], inputs[12]
+    g, act = inputs.g, inputs.act
     T, H = g.shape
     I = act.shape[1]
     return dict(m=H, n=I, segments=[Segment(g, H, act, I, k=T)], a_kmajor=False, b_kmajor=False,
                 out=grad_wd, ldc=I)
 
 
-def _grad_wgu_gemm(inputs, grad_wgu, ws: _Workspace) -> dict:
+def _grad_wgu_gemm(inputs: _Inputs, grad_wgu, ws: _Workspace) -> dict:
     """[grad_Wg; grad_Wu] = [d_gate | d_up]^T x (step 5) as one GEMM."""
-    x = inputs[1]
+    x = inputs.x
     T, H = x.shape
     return dict(m=grad_wgu.shape[0], n=H, segments=[Segment(ws.d_gu, grad_wgu.shape[0], x, H, k=T)],
                 a_kmajor=False, b_kmajor=False, out=grad_wgu, ldc=H)
 
 
-def _dgrad_gemm(inputs, grad_h, ws: _Workspace, plan: _Plan) -> dict:
+def _dgrad_gemm(inputs: _Inputs, grad_h, ws: _Workspace, plan: _Plan) -> dict:
     """grad_hidden_states (steps 6, 12) as one GEMM over the concatenated reduction [d_up |
     d_gate | bf16(grl)], or its split-K pieces for _finish_dgrad."""
-    wr, wg, wu, gate = inputs[2], inputs[7], inputs[8], inputs[10]
+    wr, wg, wu = inputs.wr, inputs.wg, inputs.wu
     T, H = grad_h.shape
-    I, E = gate.shape[1], wr.shape[0]
-    d_up = ws.d_gu.data.ptr + 2 * I
+    I, E = inputs.gate.shape[1], wr.shape[0]
+    d_up = ws.d_gu.data.ptr + 2 * I  # bytes: I bf16 into each row
     common = dict(m=T, n=H, segments=[Segment(d_up, 2 * I, wu, H, k=I), Segment(ws.d_gu, 2 * I, wg, H, k=I),
                                       Segment(ws.hi, E, wr, H, k=E)], a_kmajor=True, b_kmajor=False, ldc=H)
     if plan.dgrad_splits == 1:
@@ -235,7 +253,7 @@ def _dgrad_gemm(inputs, grad_h, ws: _Workspace, plan: _Plan) -> dict:
                 c_group_stride=T * H)
 
 
-def _finish_dgrad(inputs, grad_h, ws: _Workspace, plan: _Plan) -> None:
+def _finish_dgrad(grad_h, ws: _Workspace, plan: _Plan) -> None:
     if plan.dgrad_splits > 1:
         n = grad_h.size
         _launch.launch(_build.load_module("sol080.cu"), "sum_pieces_bf16", (grid_stride_blocks(n),),
