@@ -22,7 +22,6 @@ CUPY_MOE_SOL080_STREAMS=0 keeps everything on one stream.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -36,13 +35,12 @@ from . import graphs, router
 from .gemm import Segment, SwigluBackward, gemm, k_splits_for, sm90_applies
 
 CONCURRENT = os.environ.get("CUPY_MOE_SOL080_STREAMS", "1") != "0"
-_side = {}  # (device, stream, CONCURRENT) -> _Side
+_side = {}  # (device, stream) -> _Side
 
 
 @dataclass
 class _Side:
-    """The side stream of a caller's stream and the events that order the two (with
-    CUPY_MOE_SOL080_STREAMS=0 the "side" stream is the caller's own: the same order, serial)."""
+    """The side stream of a caller's stream and the events that order the two."""
 
     stream: object
     fork: object
@@ -52,16 +50,15 @@ class _Side:
 
     @classmethod
     def of(cls, main) -> "_Side":
-        key = (cp.cuda.Device().id, main.ptr, CONCURRENT)
+        key = (cp.cuda.Device().id, main.ptr)
         entry = _side.get(key)
         if entry is None:
             if len(_side) >= 16:
                 _side.clear()
             event = lambda: cp.cuda.Event(disable_timing=True)
-            stream = cp.cuda.Stream(non_blocking=True) if CONCURRENT else None
-            entry = _side[key] = cls(stream, event(), event(), event(), event())
-        # Serial: the caller's stream object itself (not kept: it is the caller's to drop).
-        return entry if CONCURRENT else dataclasses.replace(entry, stream=main)
+            entry = _side[key] = cls(cp.cuda.Stream(non_blocking=True), event(), event(), event(),
+                                     event())
+        return entry
 
 
 class _Inputs(NamedTuple):
@@ -154,25 +151,31 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan) -> None:
     d_act, wd_grad = _d_act_gemm(inputs, ws, plan), _grad_wd_gemm(inputs, grad_wd)
     dgrad, wgu_grad = _dgrad_gemm(inputs, grad_h, ws, plan), _grad_wgu_gemm(inputs, grad_wgu, ws)
     main = cp.cuda.get_current_stream()
-    side = _Side.of(main)
-    side.fork.record(main)
-    side.stream.wait_event(side.fork)
+    side = _Side.of(main) if CONCURRENT else None
+    if side is not None:
+        side.fork.record(main)
+        side.stream.wait_event(side.fork)
     gemm(**d_act)
     _finish_d_act(inputs, ws, plan)
-    side.d_act_done.record(main)
-    with side.stream:
+    with side.stream if side else main:
         _router_kernel(inputs, ws)
-        side.router_done.record()
+        if side:
+            side.router_done.record()
         gemm(**wd_grad)
-    main.wait_event(side.router_done)
+    if side:
+        side.d_act_done.record(main)
+        main.wait_event(side.router_done)
     gemm(**dgrad)
     _finish_dgrad(grad_h, ws, plan)
-    with side.stream:
-        side.stream.wait_event(side.d_act_done)
+    with side.stream if side else main:
+        if side:
+            side.stream.wait_event(side.d_act_done)
         gemm(**wgu_grad)
         router.weight_gradient(ws.hi, ws.lo, inputs.x, grad_router, ws.partial)
-        side.join.record()
-    main.wait_event(side.join)
+        if side:
+            side.join.record()
+    if side:
+        main.wait_event(side.join)
 
 
 def _d_act_gemm(inputs: _Inputs, ws: _Workspace, plan: _Plan) -> dict:
