@@ -30,12 +30,19 @@ rm -f "$out"/sanitize-*.log "$out/sanitize-summary.txt"; grep -E "exit" "$out/sa
 s=${ENDURANCE_SECONDS:-150}
 timeout $((s + 60)) python3 bench/endurance.py --calls 2000 --check-every 200 --time-limit "$s" > "$out/endurance.txt" 2>&1
 echo "endurance exit $?" >> "$out/endurance.txt"; tail -4 "$out/endurance.txt"
+# The clocks the tables ran at (the layer's benchmark runs power-capped: bench/NOTES.md v0.5).
+nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active \
+  --format=csv,noheader -lms 500 > "$out/clocks.csv" 2>/dev/null &
+clock_log=$!
 timeout 200 python3 bench/benchmark.py --reps 20 ${BENCH_ARGS---sol080 --layer} > "$out/bench.txt" 2>&1
 if [[ "${BENCH_ARGS---sol080 --layer}" == *sol080* ]]; then  # the side-stream A/B in the same run
   echo "== CUPY_MOE_SOL080_STREAMS=0" >> "$out/bench.txt"
   CUPY_MOE_SOL080_STREAMS=0 timeout 90 python3 bench/benchmark.py --reps 20 --sol080 2>&1 | tail -18 >> "$out/bench.txt"
 fi
-tail -45 "$out/bench.txt"
+kill "$clock_log" 2>/dev/null
+python3 bench/clocks.py "$out/clocks.csv" >> "$out/bench.txt" 2>&1 || true
+rm -f "$out/clocks.csv"
+tail -46 "$out/bench.txt"
 { timeout 120 python3 bench/ep_scaling.py --tokens 4096 --reps 3 --worlds 1,2,4
   timeout 120 python3 examples/expert_parallel.py --gpu --world 1 --tokens 96; echo "example exit $?"; } > "$out/ep.txt" 2>&1
 cat "$out/ep.txt"
