@@ -174,3 +174,18 @@ def test_swiglu_epilogue_staged_where_aligned(host, scratch, monkeypatch):
     monkeypatch.setattr(G, "PINGPONG", True)
     _swiglu_call()
     assert not launches[-1][0][1].E_STAGED and launches[-1][0][1].PINGPONG
+
+
+@pytest.mark.parametrize("T,d_act,dgrad", [(0, 1, 1), (1, 8, 4), (192, 6, 2), (293, 4, 1),
+                                           (384, 4, 1), (512, 3, 1), (640, 2, 1), (997, 1, 1),
+                                           (8192, 1, 1)])
+def test_split_k_pieces_for_sol080_shapes(T, d_act, dgrad):
+    """SOL-080's d_act (T x 1408 x 4096) and dgrad (T x 4096 x 2944) on 132 SMs: pieces only
+    while the output tiles fill less than half the SMs, as many as the SMs hold, at most 8."""
+    assert G.k_splits_for(T, 1408, 4096, sms=132) == d_act
+    assert G.k_splits_for(T, 4096, 2944, sms=132) == dgrad
+
+
+def test_split_k_keeps_eight_k_tiles_per_piece():
+    assert G.k_splits_for(100, 100, 64 * 15, sms=132) == 1  # 15 k-tiles: one piece of 8 at most
+    assert G.k_splits_for(100, 100, 64 * 16, sms=132) == 2

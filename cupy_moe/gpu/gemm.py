@@ -471,12 +471,12 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags) -> _Launch:
                    m=m, n=n, tiles_n=tiles_n)
 
 
-def k_splits_for(m: int, n: int, k: int, most: int = 8) -> int:
+def k_splits_for(m: int, n: int, k: int, most: int = 8, sms: int | None = None) -> int:
     """Split-K pieces for an ungrouped GEMM: none when its 128 x 128 output tiles occupy at least
     half the SMs; else as many as the SMs hold, at most `most`, each piece at least 8 k-tiles of 64
     (a small-T SOL-080 d_act has 22 tiles of 64 k-tiles: one SM each streams 2 MB of operands
     while 110 SMs idle)."""
-    tiles, sms = cdiv(m, 128) * cdiv(n, 128), device_sms()
+    tiles, sms = cdiv(m, 128) * cdiv(n, 128), sms or device_sms()
     if tiles == 0 or 2 * tiles > sms:
         return 1
     return max(1, min(most, sms // tiles, cdiv(k, 64) // 8))
