@@ -426,9 +426,7 @@ def _sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stri
 
 
 def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags) -> _Launch:
-    import cupy
-
-    _, sms = _device_info(cupy.cuda.Device().id)
+    sms = device_sms()
     m_tiles = cdiv(m, Sm90Config.BM) + (num_groups if grouping == "m" else 0)
     pieces = num_groups if grouping == "none" and num_groups > 1 else 1  # split-K
     c_tma = (flags["EPILOGUE"] == EPILOGUES["bf16"] and p.ldc % 8 == 0 and p.c_group_stride % 8 == 0)
