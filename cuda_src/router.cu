@@ -134,7 +134,8 @@ extern "C" __global__ void router_backward(const float* __restrict__ dw_sorted,
 // out[i] = sum of partial[s * n + i] over s = 0 .. splits - 1, in that order (deterministic): the
 // split-K router weight gradient's pieces.
 extern "C" __global__ void sum_splits(const float* __restrict__ partial, int splits, long long n,
-                                      float* __restrict__ out) {
+                                      float* __restrict__ out, const int* cancel) {
+  if (cancelled(cancel)) return;
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
        i += (long long)gridDim.x * blockDim.x) {
     float acc = partial[i];

@@ -77,8 +77,9 @@ extern "C" __global__ void routing_place(const i64* __restrict__ topk_idx, int n
 // [0, E) and the first row that repeats an expert (kNoRow when none). One thread per row (K is
 // small, so the pairwise test is cheap); each block folds its rows into scratch[0..1], and the
 // last block to finish publishes both with the call's sequence number to host-mapped memory
-// (report[0..1], then report[2] = seq) and resets scratch for the next call. The host polls the
-// report: no memset, no copy and no stream sync between the check and the launches it guards.
+// (report[0..1], then report[2] = seq), sets scratch[3] (the verdict: nonzero when bad) for the
+// launches enqueued after it (see cancelled()) and resets scratch[0..2] for the next call. The
+// host polls the report after enqueueing the call's work: the GPU never waits for the host.
 constexpr int kNoRow = 0x7FFFFFFF;
 
 extern "C" __global__ void check_topk_indices(const i64* __restrict__ topk_idx, int T, int K, int E,
@@ -106,8 +107,10 @@ extern "C" __global__ void check_topk_indices(const i64* __restrict__ topk_idx, 
     __threadfence();  // this block's verdict is visible before it counts itself done
     if (atomicAdd(&scratch[2], 1) == (int)gridDim.x - 1) {
       __threadfence();
-      report[0] = atomicExch(&scratch[0], kNoRow);
-      report[1] = atomicExch(&scratch[1], kNoRow);
+      const int bad_range = atomicExch(&scratch[0], kNoRow), bad_repeat = atomicExch(&scratch[1], kNoRow);
+      scratch[3] = bad_range != kNoRow || bad_repeat != kNoRow;
+      report[0] = bad_range;
+      report[1] = bad_repeat;
       scratch[2] = 0;
       __threadfence_system();  // the verdict reaches the host before the sequence number does
       report[2] = seq;

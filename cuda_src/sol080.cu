@@ -18,7 +18,9 @@ __device__ __forceinline__ void contract_swiglu_backward(float da, i64 i, const 
 extern "C" __global__ void sol080_swiglu_backward(const bf16_t* __restrict__ d_act,
                                                   const bf16_t* __restrict__ gate,
                                                   const bf16_t* __restrict__ up,
-                                                  bf16_t* __restrict__ d_gate_up, int I, i64 n) {
+                                                  bf16_t* __restrict__ d_gate_up, int I, i64 n,
+                                                  const int* cancel) {
+  if (cancelled(cancel)) return;
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
     contract_swiglu_backward(bf16_to_f32(d_act[i]), i, gate, up, d_gate_up, I);
 }
@@ -27,7 +29,9 @@ extern "C" __global__ void sol080_swiglu_backward(const bf16_t* __restrict__ d_a
 extern "C" __global__ void sol080_swiglu_backward_pieces(const float* __restrict__ d_act_pieces,
                                                          int pieces, const bf16_t* __restrict__ gate,
                                                          const bf16_t* __restrict__ up,
-                                                         bf16_t* __restrict__ d_gate_up, int I, i64 n) {
+                                                         bf16_t* __restrict__ d_gate_up, int I, i64 n,
+                                                         const int* cancel) {
+  if (cancelled(cancel)) return;
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
     float da = 0.f;
     for (int s = 0; s < pieces; ++s) da += d_act_pieces[s * n + i];
@@ -37,7 +41,8 @@ extern "C" __global__ void sol080_swiglu_backward_pieces(const float* __restrict
 
 // bf16(sum of split-K pieces, in order): fp32 [pieces][n] -> bf16 [n].
 extern "C" __global__ void sum_pieces_bf16(const float* __restrict__ pieces_, int pieces, i64 n,
-                                           bf16_t* __restrict__ out) {
+                                           bf16_t* __restrict__ out, const int* cancel) {
+  if (cancelled(cancel)) return;
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
     float v = 0.f;
     for (int s = 0; s < pieces; ++s) v += pieces_[s * n + i];
@@ -54,7 +59,8 @@ extern "C" __global__ void __launch_bounds__(kTokThreads)
 sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ topk_w,
               const i64* __restrict__ topk_idx, const float* __restrict__ mask,
               const float* __restrict__ scores, int T, int H, int E, int K,
-              bf16_t* __restrict__ hi, bf16_t* __restrict__ lo) {
+              bf16_t* __restrict__ hi, bf16_t* __restrict__ lo, const int* cancel) {
+  if (cancelled(cancel)) return;  // also keeps a bad index from reaching the scatter below
   __shared__ float partial[kTokThreads];
   __shared__ float c_shared;
   const int t = blockIdx.x;

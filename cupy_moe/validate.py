@@ -1,8 +1,8 @@
 """Argument checks for every public function: one place, one wording for every error.
 
 All checks run on shapes, dtypes and strides only, except `check_topk_indices`, which reads the
-index values (one small reduction and a host sync on the GPU path) so that a bad routing never
-reaches a kernel.
+index values (one small kernel and a host sync on the GPU path): a bad routing raises, and no
+kernel does any work on it (those enqueued before the host has the verdict read it first).
 """
 from __future__ import annotations
 
@@ -62,31 +62,42 @@ def _spec(dims) -> str:
     return "(" + ", ".join(str(d) for d in dims) + ")"
 
 
+class IndexCheck:
+    """A top-k index check under way. finish() completes it (waits for the verdict; ValueError
+    naming the first bad row). cancel: on the GPU path, the device address of the verdict, which
+    launches enqueued before finish() read so that they do nothing on bad indices (gemm's
+    cancel); None where there is nothing to read (NumPy, no rows)."""
+
+    def __init__(self, finish=lambda: None, cancel=None):
+        self.finish, self.cancel = finish, cancel
+
+
 def check_topk_indices(name: str, idx, n_experts: int, defer: bool = False):
     """Every index in [0, n_experts) and no index repeated within a row.
 
-    On the GPU path one small kernel checks all rows and the host reads back two ints (one sync);
-    only when a row is bad is that row copied back to word the error. defer=True launches the
-    check and returns a function that completes it (waits, raises), so the caller can prepare
-    its work while the check runs; nothing but the check may run before it returns.
+    On the GPU path one small kernel checks all rows and the host reads back two ints (one
+    sync); only when a row is bad is that row copied back to word the error. defer=True launches
+    the check and returns its IndexCheck: the caller enqueues its work with the check's cancel
+    word (kernels that find it set do nothing), then calls finish(), which raises before any
+    result is returned; the GPU never waits for the host between the check and the work.
     """
-    finish = _topk_check(name, idx, n_experts)
+    check = _topk_check(name, idx, n_experts)
     if defer:
-        return finish
-    finish()
+        return check
+    check.finish()
     return None
 
 
-def _topk_check(name, idx, n_experts):
+def _topk_check(name, idx, n_experts) -> IndexCheck:
     if idx.size == 0:
-        return lambda: None
+        return IndexCheck()
     if is_cupy_array(idx):
         from .gpu.routing import start_topk_check
 
         pending = start_topk_check(idx, n_experts)
 
         def finish():
-            bad_range, bad_repeat = pending()
+            bad_range, bad_repeat = pending.result()
             if bad_range is not None:
                 rows = idx[bad_range].get()
                 bad = next(int(v) for v in rows if v < 0 or v >= n_experts)
@@ -95,9 +106,9 @@ def _topk_check(name, idx, n_experts):
             if bad_repeat is not None:
                 raise ValueError(f"{name}: expected distinct experts within a row, row {bad_repeat} "
                                  f"repeats one: {idx[bad_repeat].get().tolist()}")
-        return finish
+        return IndexCheck(finish, pending.cancel)
     _check_topk_numpy(name, idx, n_experts)
-    return lambda: None
+    return IndexCheck()
 
 
 def _check_topk_numpy(name, idx, n_experts):
@@ -236,7 +247,7 @@ SOL080_ARGS = (
 
 def sol080_args(args: dict, defer_index_check: bool = False):
     """Check sol080_backward's 15 arguments; returns (xp, dims) with T, H, I, E, K bound, and
-    with defer_index_check the function completing the top-k index check (check_topk_indices).
+    with defer_index_check the top-k index check under way (an IndexCheck, check_topk_indices).
 
     Every check but the index values' depends only on each argument's type, dtype, shape and
     strides, so a call whose arguments all match one that passed before (a training or benchmark

@@ -126,6 +126,27 @@ def test_split_k_pieces_sum_to_the_product(splits, a_kmajor, b_kmajor, engine):
         assert sum(not p.any() for p in pieces) == (splits - 21 if splits > 21 else 0)
 
 
+@ENGINES
+def test_a_set_cancel_word_means_the_launch_does_nothing(engine):
+    """gemm(cancel=address): the kernel reads the int there when it starts; nonzero, it leaves
+    the output untouched (a failed input check upstream), zero, it computes as usual."""
+    import cupy as cp
+    from cupy_moe.gpu.gemm import Segment
+
+    rng = np.random.default_rng(12)
+    A, B = _bf16(rng, 130, 72), _bf16(rng, 136, 72)
+    out = cp.empty((130, 136), cp.float32)
+    out.fill(np.nan)
+    word = cp.ones(1, cp.int32)
+    kw = dict(m=130, n=136, segments=[Segment(cp.asarray(A), 72, cp.asarray(B), 72, k=72)],
+              a_kmajor=True, b_kmajor=True, out=out, ldc=136, epilogue="f32", cancel=word.data.ptr)
+    _run(engine, **kw)
+    assert cp.isnan(out).all()
+    word[0] = 0
+    _run(engine, **kw)
+    assert relative_error(out.get(), _f(A) @ _f(B).T) < 1e-5
+
+
 def _groups(rng, G, total, empty=()):
     sizes = rng.multinomial(total, np.ones(G) / G)
     for g in empty:

@@ -52,7 +52,7 @@ def test_small_shapes(T, H, I, E, K):
 
 @pytest.mark.parametrize("bad,match", [(128, r"\[0, 128\).*128 in row 5"), (-3, "-3 in row 5"),
                                        ("repeat", "row 5 repeats")])
-def test_bad_topk_indices_rejected_before_any_kernel(bad, match):
+def test_bad_topk_indices_rejected_and_inputs_kept(bad, match):
     import cupy as cp
 
     a = {k: cp.asarray(v) for k, v in make_sol080_inputs(9, 64, 24, 128, 8, seed=2).items()}
@@ -84,6 +84,25 @@ def test_bad_topk_indices_report_the_first_bad_row_across_blocks_and_leave_no_st
             cupy_moe.sol080_backward(**dict(a, topk_indices=idx))
         out = cupy_moe.sol080_backward(**a)
         assert relative_error(out[0], cupy_moe.sol080_backward(**{k: v.get() for k, v in a.items()})[0]) < 1e-2
+
+
+def test_bad_indices_in_a_replayed_graph_raise_and_leave_the_next_call_right():
+    """A loop on the same buffers replays a captured graph; bad indices written into the same
+    index buffer raise (the replayed launches read the check's verdict and do nothing), and the
+    call after the indices are repaired gives the results of before, bitwise."""
+    import cupy as cp
+
+    a = {k: cp.asarray(v) for k, v in make_sol080_inputs(300, 256, 136, 16, 4, seed=6).items()}
+    want = [o.get() for o in cupy_moe.sol080_backward(**a)]
+    for _ in range(3):  # eager, captured, replayed
+        cupy_moe.sol080_backward(**a)
+    good = a["topk_indices"][7].copy()
+    a["topk_indices"][7, 2] = 99
+    with pytest.raises(ValueError, match="99 in row 7"):
+        cupy_moe.sol080_backward(**a)
+    a["topk_indices"][7] = good
+    for got, w in zip(cupy_moe.sol080_backward(**a), want):
+        np.testing.assert_array_equal(got.get(), w)
 
 
 def test_zero_tokens():

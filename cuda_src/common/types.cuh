@@ -34,3 +34,11 @@ __device__ __forceinline__ float sigmoid_f32(float z) { return 1.0f / (1.0f + ex
 // 4e-3), for gradients rounded to bf16 in a GEMM epilogue, where each instruction stalls the
 // tensor cores; the router keeps the exact one (its scores choose experts).
 __device__ __forceinline__ float sigmoid_fast(float z) { return __fdividef(1.0f, 1.0f + __expf(-z)); }
+
+// A call whose input check fails still has its launches enqueued (the host reads the check's
+// verdict after enqueueing them, so the GPU never waits on the host): each of them reads the
+// verdict the check kernel left earlier on the same stream, and does nothing when it is set.
+// cancel == nullptr: nothing to read (launches no check guards).
+__device__ __forceinline__ bool cancelled(const int* cancel) {
+  return cancel != nullptr && *(const volatile int*)cancel != 0;
+}

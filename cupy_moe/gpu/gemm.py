@@ -67,11 +67,13 @@ class GemmParams(ctypes.Structure):
         ("e_dg", ctypes.c_void_p), ("e_du", ctypes.c_void_p),
         ("e_aw", ctypes.c_void_p), ("e_row_partial", ctypes.c_void_p), ("e_partial_ld", ctypes.c_int32),
         ("e_contract", ctypes.c_int32), ("e_ld_grad", ctypes.c_int64),
+        # Nonzero at launch time: the kernel does nothing (a failed input check; see cancelled()).
+        ("cancel", ctypes.c_void_p),
     ]
     _c_types_ = ["const void*", "const void*", "i64", "i64", "i64", "int", "int", "void*", "i64",
                  "i64", "int", "int", "const int*", "int", "const int*", "const int*", "int",
                  "const void*", "const void*", "const void*", "const float*", "const int*", "void*", "void*",
-                 "void*", "float*", "int", "int", "i64"]
+                 "void*", "float*", "int", "int", "i64", "const int*"]
 
 
 @dataclass(frozen=True)
@@ -262,7 +264,7 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
          out, ldc: int, epilogue: str = "bf16", grouping: str = "none",
          group_offsets=None, num_groups: int = 0, c_group_stride: int = 0,
          gather_a=None, gather_b=None, gather_div: int = 1, engine: str = "auto",
-         swiglu: SwigluBackward | None = None, k_splits: int = 1) -> None:
+         swiglu: SwigluBackward | None = None, k_splits: int = 1, cancel: int | None = None) -> None:
     """Launch one GEMM on the current stream.
 
     grouping='m': rows are experts' segments group_offsets[g]:group_offsets[g+1] of m total rows,
@@ -277,7 +279,9 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     order) cut into S pieces whose fp32 products go to out + s * c_group_stride; the caller sums
     them (in a fixed order: deterministic). For GEMMs with few output tiles and a long reduction
     (k_splits_for). Where the Hopper loop does not apply, piece 0 holds the whole product and the
-    others zeros.
+    others zeros. cancel: the device address of an int that, nonzero when the kernel starts,
+    makes it do nothing (the top-k check's verdict, read by launches enqueued before the host has
+    it).
 
     A launch's parameter block depends only on addresses and sizes, so it is built once per
     distinct call and replayed from a cache afterwards (repeated calls on the same buffers, as a
@@ -294,6 +298,7 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     key = (cupy.cuda.Device().id, PINGPONG, STAGED_EPILOGUE, tuple(sorted(CONFIG_OVERRIDE.items())),
            m, n, a_kmajor, b_kmajor, opt(out), ldc, epilogue, grouping, opt(group_offsets),
            num_groups, c_group_stride, opt(gather_a), opt(gather_b), gather_div, engine, k_splits,
+           cancel,
            tuple((_addr(s.a), s.lda, _addr(s.b), s.ldb, s.k, s.b_group_stride) for s in segments),
            None if sw is None else tuple(opt(a) for a in (sw.gate, sw.up, sw.dg, sw.du, sw.act,
                                                          sw.weights, sw.row_index, sw.aw, sw.dw))
@@ -302,7 +307,7 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     if launch is None:
         launch = _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping,
                           group_offsets, k_splits if k_splits > 1 else num_groups,
-                          c_group_stride, gather_a, gather_b, gather_div, engine, sw)
+                          c_group_stride, gather_a, gather_b, gather_div, engine, sw, cancel)
         if len(_prepared) >= 1024:
             _prepared.clear()
         _prepared[key] = launch
@@ -355,8 +360,10 @@ class _Launch:
 
 
 def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, group_offsets,
-             num_groups, c_group_stride, gather_a, gather_b, gather_div, engine, sw) -> _Launch:
+             num_groups, c_group_stride, gather_a, gather_b, gather_div, engine, sw,
+             cancel=None) -> _Launch:
     p = GemmParams()
+    p.cancel = cancel or 0
     for i, s in enumerate(segments):
         p.a[i], p.b[i] = _addr(s.a), _addr(s.b)
         p.lda[i], p.ldb[i], p.b_group_stride[i], p.seg_k[i] = s.lda, s.ldb, s.b_group_stride, s.k

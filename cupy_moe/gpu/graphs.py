@@ -23,13 +23,10 @@ _failed: set = set()
 stats = {"eager": 0, "captured": 0, "replayed": 0}
 
 
-def run(key: tuple, make_workspace, enqueue, before_launch=None) -> None:
+def run(key: tuple, make_workspace, enqueue) -> None:
     """Run enqueue(workspace) on the current stream: eagerly, or captured, or replayed (see the
     module's doc). make_workspace() allocates the temporaries enqueue needs; enqueue must launch
-    work only (no host syncs, no allocations that outlive it). before_launch(), when given, runs
-    once just before the first launch, after every other piece of host work (a pending input
-    check completes there, as late as it can)."""
-    ready = before_launch or (lambda: None)
+    work only (no host syncs, no allocations that outlive it)."""
     import cupy
 
     stream = cupy.cuda.get_current_stream()
@@ -37,7 +34,6 @@ def run(key: tuple, make_workspace, enqueue, before_launch=None) -> None:
     entry = _graphs.get(key)
     if entry is not None:
         _graphs.move_to_end(key)
-        ready()
         entry[0].launch(stream)
         stats["replayed"] += 1
         return
@@ -51,7 +47,6 @@ def run(key: tuple, make_workspace, enqueue, before_launch=None) -> None:
             if len(_graphs) >= CAPACITY:
                 _graphs.popitem(last=False)
             _graphs[key] = (graph, workspace)
-            ready()
             graph.launch(stream)
             stats["captured"] += 1
             return
@@ -60,9 +55,7 @@ def run(key: tuple, make_workspace, enqueue, before_launch=None) -> None:
     _seen.move_to_end(key)
     if len(_seen) > _SEEN_CAPACITY:
         _seen.popitem(last=False)
-    workspace = make_workspace()
-    ready()
-    enqueue(workspace)
+    enqueue(make_workspace())
     stats["eager"] += 1
 
 

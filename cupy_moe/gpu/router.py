@@ -53,22 +53,22 @@ def weight_gradient_splits(T: int, E: int, H: int) -> int:
     return max(1, min(device_sms() // (cdiv(E, 128) * cdiv(H, 128)), T // _SPLIT_ROWS))
 
 
-def weight_gradient(hi, lo, x, out, partial=None) -> None:
+def weight_gradient(hi, lo, x, out, partial=None, cancel=None) -> None:
     """dL/dW_router [E, H] fp32 = (hi + lo)^T x into out: K-grouped pieces of the tokens
     (weight_gradient_splits) into fp32 partials [splits, E, H] (given, or allocated here), summed
-    in a fixed order (deterministic)."""
+    in a fixed order (deterministic). cancel: see gemm()."""
     T, E = hi.shape
     H = x.shape[1]
     segments = [Segment(hi, E, x, H, k=T), Segment(lo, E, x, H, k=T)]
     splits = weight_gradient_splits(T, E, H)
     if splits == 1:
         gemm(m=E, n=H, segments=segments, a_kmajor=False, b_kmajor=False, out=out, ldc=H,
-             epilogue="f32")
+             epilogue="f32", cancel=cancel)
         return
     if partial is None:
         partial = cp.empty((splits, E, H), cp.float32)
     gemm(m=E, n=H, segments=segments, a_kmajor=False, b_kmajor=False, out=partial, ldc=H,
-         epilogue="f32", grouping="k", num_groups=splits, c_group_stride=E * H)
+         epilogue="f32", grouping="k", num_groups=splits, c_group_stride=E * H, cancel=cancel)
     n = E * H
     _launch.launch(_module(), "sum_splits", (grid_stride_blocks(n),), (256,),
-                   [ptr(partial), i32(splits), i64(n), ptr(out)])
+                   [ptr(partial), i32(splits), i64(n), ptr(out), ptr(cancel)])

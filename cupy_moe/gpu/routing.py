@@ -48,11 +48,12 @@ _check_state = {}  # (device, stream) -> _CheckBuffers
 
 
 class _CheckBuffers:
-    """The top-k check's device scratch (reset by the kernel itself after every check) and its
-    host-mapped report [first out-of-range row, first repeating row, sequence number]."""
+    """The top-k check's device scratch ([0..2] reset by the kernel itself after every check, [3]
+    the last verdict) and its host-mapped report [first out-of-range row, first repeating row,
+    sequence number]."""
 
     def __init__(self):
-        self.scratch = cp.array([_NO_ROW, _NO_ROW, 0], cp.int32)
+        self.scratch = cp.array([_NO_ROW, _NO_ROW, 0, 0], cp.int32)
         self.pinned = cp.cuda.alloc_pinned_memory(3 * 4)
         self.report = np.frombuffer(self.pinned, np.int32, 3)
         self.report[:] = (_NO_ROW, _NO_ROW, 0)
@@ -61,12 +62,28 @@ class _CheckBuffers:
         self.seq = 0
 
 
-def start_topk_check(topk_indices, n_experts: int):
-    """Launch the top-k index check on the current stream (one kernel, whose verdict lands in
-    host-mapped memory) and return a function that waits for it and returns (first row with an
-    out-of-range index, first row repeating an expert), None where none. The caller can prepare
-    its launches in between; the wait polls the verdict (the check's one host sync), so the launch
-    that follows it goes out as soon as the kernel has written it."""
+class PendingCheck:
+    """A launched top-k check. cancel: the device address of its verdict (nonzero: bad), for
+    the launches enqueued after it to read (gemm's cancel); result() waits for the host's copy of
+    the verdict and returns (first row with an out-of-range index, first row repeating an
+    expert), None where none."""
+
+    def __init__(self, stream, buffers: _CheckBuffers, seq: int):
+        self._stream, self._report, self._seq = stream, buffers.report, seq
+        self.cancel = buffers.scratch.data.ptr + 3 * 4
+
+    def result(self):
+        report, seq = self._report, self._seq
+        while report[2] != seq:
+            if self._stream.done and report[2] != seq:  # finished (or failed) without a verdict
+                self._stream.synchronize()  # raises the stream's error, if any
+                raise RuntimeError("the top-k index check finished without reporting")
+        return tuple(None if int(v) == _NO_ROW else int(v) for v in report[:2])
+
+
+def start_topk_check(topk_indices, n_experts: int) -> PendingCheck:
+    """Launch the top-k index check on the current stream: one kernel, whose verdict lands in
+    device memory (for the launches that follow) and in host-mapped memory (for the host)."""
     stream = cp.cuda.get_current_stream()
     key = (cp.cuda.Device().id, stream.ptr)
     buffers = _check_state.get(key)
@@ -80,12 +97,4 @@ def start_topk_check(topk_indices, n_experts: int):
     _launch.launch(_build.load_module("routing.cu"), "check_topk_indices", (cdiv(T, 256),), (256,),
                    [ptr(topk_indices), i32(T), i32(K), i32(n_experts), ptr(buffers.scratch),
                     ptr(buffers.device_report), i32(seq)])
-    report = buffers.report
-
-    def result():
-        while report[2] != seq:
-            if stream.done and report[2] != seq:  # finished (or failed) without a verdict
-                stream.synchronize()  # raises the stream's error, if any
-                raise RuntimeError("the top-k index check finished without reporting")
-        return tuple(None if int(v) == _NO_ROW else int(v) for v in report[:2])
-    return result
+    return PendingCheck(stream, buffers, seq)

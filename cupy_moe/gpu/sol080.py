@@ -128,9 +128,10 @@ class _Workspace:
 
 
 def sol080_backward(g, x, wr, bias, logits, scores, idx, tw, mask, wg, wu, wd, gate, up, act,
-                    before_launch=None):
-    """before_launch: called once the outputs are allocated, before any launch (the pending
-    top-k index check completes there, while nothing of this call has run)."""
+                    index_check=None):
+    """index_check: the top-k index check already launched on this stream (validate.IndexCheck).
+    Every launch of the call reads its verdict and does nothing when it is bad; its finish()
+    runs after they are enqueued and raises before any result is returned."""
     T, H = x.shape
     I, E = gate.shape[1], wr.shape[0]
     grad_wgu = cp.empty((2 * I, H), bfloat16)  # [grad_Wg; grad_Wu]: one GEMM, two contiguous halves
@@ -139,26 +140,31 @@ def sol080_backward(g, x, wr, bias, logits, scores, idx, tw, mask, wg, wu, wd, g
     grad_h = cp.empty((T, H), bfloat16)
     inputs = _Inputs(g, x, wr, scores, idx, tw, mask, wg, wu, wd, gate, up, act)
     outputs = (grad_h, grad_router, grad_wgu, grad_wd)
-    key = ("sol080", T, H, I, E, idx.shape[1]) + tuple(a.data.ptr for a in inputs + outputs)
+    cancel = index_check.cancel if index_check is not None else None
+    key = ("sol080", T, H, I, E, idx.shape[1], cancel) + tuple(a.data.ptr for a in inputs + outputs)
     plan = _Plan.of(g, wr, wg, wu, wd, gate)
     graphs.run(key, lambda: _Workspace.allocate(T, H, I, E, plan),
-               lambda ws: _enqueue(inputs, outputs, ws, plan), before_launch=before_launch)
+               lambda ws: _enqueue(inputs, outputs, ws, plan, cancel))
+    if index_check is not None:
+        index_check.finish()
     return grad_h, grad_router, grad_wgu[:I], grad_wgu[I:], grad_wd
 
 
-def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan) -> None:
+def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, cancel) -> None:
     grad_h, grad_router, grad_wgu, grad_wd = outputs
     d_act, wd_grad = _d_act_gemm(inputs, ws, plan), _grad_wd_gemm(inputs, grad_wd)
     dgrad, wgu_grad = _dgrad_gemm(inputs, grad_h, ws, plan), _grad_wgu_gemm(inputs, grad_wgu, ws)
+    for kwargs in (d_act, wd_grad, dgrad, wgu_grad):
+        kwargs["cancel"] = cancel
     main = cp.cuda.get_current_stream()
     side = _Side.of(main) if CONCURRENT else None
     if side is not None:
         side.fork.record(main)
         side.stream.wait_event(side.fork)
     gemm(**d_act)
-    _finish_d_act(inputs, ws, plan)
+    _finish_d_act(inputs, ws, plan, cancel)
     with side.stream if side else main:
-        _router_kernel(inputs, ws)
+        _router_kernel(inputs, ws, cancel)
         if side:
             side.router_done.record()
         gemm(**wd_grad)
@@ -166,12 +172,12 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan) -> None:
         side.d_act_done.record(main)
         main.wait_event(side.router_done)
     gemm(**dgrad)
-    _finish_dgrad(grad_h, ws, plan)
+    _finish_dgrad(grad_h, ws, plan, cancel)
     with side.stream if side else main:
         if side:
             side.stream.wait_event(side.d_act_done)
         gemm(**wgu_grad)
-        router.weight_gradient(ws.hi, ws.lo, inputs.x, grad_router, ws.partial)
+        router.weight_gradient(ws.hi, ws.lo, inputs.x, grad_router, ws.partial, cancel)
         if side:
             side.join.record()
     if side:
@@ -196,7 +202,7 @@ def _d_act_gemm(inputs: _Inputs, ws: _Workspace, plan: _Plan) -> dict:
     return dict(common, out=ws.d_act)
 
 
-def _finish_d_act(inputs: _Inputs, ws: _Workspace, plan: _Plan) -> None:
+def _finish_d_act(inputs: _Inputs, ws: _Workspace, plan: _Plan, cancel) -> None:
     """[d_gate | d_up] from d_act's pieces or stored d_act (steps 3, 4), unless fused."""
     gate, up = inputs.gate, inputs.up
     T, I = gate.shape
@@ -205,20 +211,20 @@ def _finish_d_act(inputs: _Inputs, ws: _Workspace, plan: _Plan) -> None:
     if plan.act_splits > 1:
         _launch.launch(mod, "sol080_swiglu_backward_pieces", (grid_stride_blocks(n),), (256,),
                        [ptr(ws.act_pieces), i32(plan.act_splits), ptr(gate), ptr(up), ptr(ws.d_gu),
-                        i32(I), i64(n)])
+                        i32(I), i64(n), ptr(cancel)])
     elif not plan.act_fused:
         _launch.launch(mod, "sol080_swiglu_backward", (grid_stride_blocks(n),), (256,),
-                       [ptr(ws.d_act), ptr(gate), ptr(up), ptr(ws.d_gu), i32(I), i64(n)])
+                       [ptr(ws.d_act), ptr(gate), ptr(up), ptr(ws.d_gu), i32(I), i64(n), ptr(cancel)])
 
 
-def _router_kernel(inputs: _Inputs, ws: _Workspace) -> None:
+def _router_kernel(inputs: _Inputs, ws: _Workspace, cancel) -> None:
     """bf16(grl) and its remainder (steps 7-10)."""
     a = inputs
     T, H = a.g.shape
     E, K = a.wr.shape[0], a.idx.shape[1]
     _launch.launch(_build.load_module("sol080.cu"), "sol080_router", (T,), (256,),
                    [ptr(a.g), ptr(a.tw), ptr(a.idx), ptr(a.mask), ptr(a.scores), i32(T), i32(H),
-                    i32(E), i32(K), ptr(ws.hi), ptr(ws.lo)])
+                    i32(E), i32(K), ptr(ws.hi), ptr(ws.lo), ptr(cancel)])
 
 
 def _grad_wd_gemm(inputs: _Inputs, grad_wd) -> dict:
@@ -253,8 +259,9 @@ def _dgrad_gemm(inputs: _Inputs, grad_h, ws: _Workspace, plan: _Plan) -> dict:
                 c_group_stride=T * H)
 
 
-def _finish_dgrad(grad_h, ws: _Workspace, plan: _Plan) -> None:
+def _finish_dgrad(grad_h, ws: _Workspace, plan: _Plan, cancel) -> None:
     if plan.dgrad_splits > 1:
         n = grad_h.size
         _launch.launch(_build.load_module("sol080.cu"), "sum_pieces_bf16", (grid_stride_blocks(n),),
-                       (256,), [ptr(ws.dgrad_pieces), i32(plan.dgrad_splits), i64(n), ptr(grad_h)])
+                       (256,), [ptr(ws.dgrad_pieces), i32(plan.dgrad_splits), i64(n), ptr(grad_h),
+                                ptr(cancel)])
