@@ -1,6 +1,7 @@
 """Where a SOL-080 call's latency goes besides its kernels, measured the benchmark's way (CUDA
-events around the call, L2 flushed, median): the public call; the call without the argument checks
-(gpu/sol080.py directly); the checks alone (structural + the top-k index check and its sync); the
+events around the call, L2 flushed, median): the public call; the call past the structural
+argument checks (gpu/sol080.py directly; the top-k index check runs inside its router kernel);
+the checks as they would cost alone (structural + the check kernel of its own and its wait); the
 replay of the call's CUDA graph alone (its GPU time); and the host's CPU time per call.
 Usage: PYTHONPATH=. python bench/sol080_breakdown.py [T ...]"""
 import sys
@@ -21,7 +22,7 @@ from cupy_moe.testing import make_sol080_inputs  # noqa: E402
 def main(Ts, reps=30):
     measure = timer(reps)
     print(f"us, median of {reps}, L2 flushed; loop = per call, back to back, no flush")
-    print(f"{'T':>6} {'call':>8} {'no checks':>10} {'checks':>8} {'graph':>8} {'loop':>8}")
+    print(f"{'T':>6} {'call':>8} {'no struct':>10} {'checks':>8} {'graph':>8} {'loop':>8}")
     for T in Ts:
         a = make_sol080_inputs(T, seed=T, xp=cp)
         args = list(a.values())

@@ -1,7 +1,7 @@
 // Routing sort: a deterministic, stable counting sort of the T*K (token, slot) pairs by expert.
 // histogram per chunk -> scan (expert offsets, per-chunk bases) -> stable placement per chunk.
 // Everything stays on the device; the grouped GEMMs read expert_offsets directly.
-#include "common/types.cuh"
+#include "common/topk_check.cuh"
 
 constexpr int kChunk = 2048;  // slots per chunk (one block in histogram and placement)
 
@@ -73,47 +73,20 @@ extern "C" __global__ void routing_place(const i64* __restrict__ topk_idx, int n
   }
 }
 
-// Input check before any other kernel reads the routing: the first row with an index outside
-// [0, E) and the first row that repeats an expert (kNoRow when none). One thread per row (K is
-// small, so the pairwise test is cheap); each block folds its rows into scratch[0..1], and the
-// last block to finish publishes both with the call's sequence number to host-mapped memory
-// (report[0..1], then report[2] = seq), sets scratch[3] (the verdict: nonzero when bad) for the
-// launches enqueued after it (see cancelled()) and resets scratch[0..2] for the next call. The
-// host polls the report after enqueueing the call's work: the GPU never waits for the host.
-constexpr int kNoRow = 0x7FFFFFFF;
-
+// The top-k index check on its own (common/topk_check.cuh): one thread per row, the block's
+// first bad rows folded in shared memory, the grid's verdict published to the host and to the
+// launches that follow.
 extern "C" __global__ void check_topk_indices(const i64* __restrict__ topk_idx, int T, int K, int E,
-                                              int* __restrict__ scratch, volatile int* report,
-                                              int seq) {
+                                              int* __restrict__ scratch, volatile int* report) {
   __shared__ int first_bad[2];
   if (threadIdx.x == 0) first_bad[0] = first_bad[1] = kNoRow;
   __syncthreads();
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t < T) {
-    const i64* row = topk_idx + (i64)t * K;
-    bool out_of_range = false, repeated = false;
-    for (int k = 0; k < K; ++k) {
-      const i64 e = row[k];
-      out_of_range |= e < 0 || e >= E;
-      for (int j = 0; j < k; ++j) repeated |= row[j] == e;
-    }
-    if (out_of_range) atomicMin(&first_bad[0], t);
-    if (repeated) atomicMin(&first_bad[1], t);
+    const TopkRowFaults f = topk_row_faults(topk_idx + (i64)t * K, K, E);
+    if (f.out_of_range) atomicMin(&first_bad[0], t);
+    if (f.repeated) atomicMin(&first_bad[1], t);
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    if (first_bad[0] != kNoRow) atomicMin(&scratch[0], first_bad[0]);
-    if (first_bad[1] != kNoRow) atomicMin(&scratch[1], first_bad[1]);
-    __threadfence();  // this block's verdict is visible before it counts itself done
-    if (atomicAdd(&scratch[2], 1) == (int)gridDim.x - 1) {
-      __threadfence();
-      const int bad_range = atomicExch(&scratch[0], kNoRow), bad_repeat = atomicExch(&scratch[1], kNoRow);
-      scratch[3] = bad_range != kNoRow || bad_repeat != kNoRow;
-      report[0] = bad_range;
-      report[1] = bad_repeat;
-      scratch[2] = 0;
-      __threadfence_system();  // the verdict reaches the host before the sequence number does
-      report[2] = seq;
-    }
-  }
+  if (threadIdx.x == 0) publish_topk_verdict(first_bad[0], first_bad[1], scratch, report);
 }

@@ -1,5 +1,5 @@
 // The SOL-080 contract's own elementwise and router stages (sol080.md steps 3-4 and 7-10).
-#include "common/types.cuh"
+#include "common/topk_check.cuh"
 
 // t = bf16(d_act * up); d_up = bf16(d_act * bf16(silu(gate))); d_gate = bf16(t * sig * (1 + gate (1 - sig))).
 // Inputs are [T, I]; row t of the output is [d_gate(t) | d_up(t)] ([T, 2I]), so that one GEMM
@@ -50,63 +50,144 @@ extern "C" __global__ void sum_pieces_bf16(const float* __restrict__ pieces_, in
   }
 }
 
-// One block per token: q = sum_h g^2 / K (per-thread sums, then a fixed-order tree), c = (q - sum_k q w_k / S) / S with
-// S = sum_k w_k + 1e-20; grl[t, e] = (sum over k with idx == e of c) * mask * s (1 - s), written
-// as bf16 hi (= the contract's bf16(grl)) and lo = bf16(grl - hi).
-constexpr int kTokThreads = 256;
+// One warp per token, kRouterWarps tokens per block. The kernel also runs the call's top-k index
+// check (common/topk_check.cuh) on the rows it reads, so that check costs no launch of its own;
+// it is the call's first kernel, so every later launch can read its verdict. It never indexes
+// memory by an expert index (it compares), so a bad row cannot send it out of bounds.
+// q = sum_h g^2 / K (per-lane sums, then a fixed butterfly); c = (q - sum_k q w_k / S) / S with
+// S = sum_k w_k + 1e-20, summed in k order as the contract writes it; grl[t, e] = (sum over k
+// with idx == e of c) * mask * s (1 - s), written as bf16 hi (= the contract's bf16(grl)) and
+// lo = bf16(grl - hi).
+// It sits alone on the call's critical path, so it is written for latency: every load that does
+// not depend on q (the routing row, the first 128 experts' scores and mask) is issued with the
+// grad_output row's, and with K <= 32 the routing row stays in the lanes'
+// registers (shuffles, no reloads).
+constexpr int kRouterWarps = 8;
+constexpr int kRouterPrefetch = 4;  // experts per lane whose scores and mask load up front (E <= 128)
 
-extern "C" __global__ void __launch_bounds__(kTokThreads)
-sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ topk_w,
-              const i64* __restrict__ topk_idx, const float* __restrict__ mask,
-              const float* __restrict__ scores, int T, int H, int E, int K,
-              bf16_t* __restrict__ hi, bf16_t* __restrict__ lo, const int* cancel) {
-  if (cancelled(cancel)) return;  // also keeps a bad index from reaching the scatter below
-  __shared__ float partial[kTokThreads];
-  __shared__ float c_shared;
-  const int t = blockIdx.x;
+__device__ __forceinline__ float sum_squares_bf16x8(uint4 v) {
+  const u32 w[4] = {v.x, v.y, v.z, v.w};
+  float s = 0.f;
+  #pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const float a = bf16_to_f32((bf16_t)(w[q] & 0xffff)), b = bf16_to_f32((bf16_t)(w[q] >> 16));
+    s += a * a + b * b;
+  }
+  return s;
+}
+
+__device__ __forceinline__ float row_sum_squares(const bf16_t* __restrict__ row, int H, bool aligned16,
+                                                 int lane) {
   float sq = 0.f;
-  const bf16_t* row = grad_out + (i64)t * H;
-  if (H % 8 == 0 && ((unsigned long long)grad_out & 15) == 0) {  // 16-byte loads: 8 values each
-    for (int c = threadIdx.x; c < H / 8; c += kTokThreads) {
-      const uint4 v = *(const uint4*)(row + 8 * c);
-      const u32 w[4] = {v.x, v.y, v.z, v.w};
+  if (aligned16) {
+    const uint4* row16 = (const uint4*)row;
+    const int n16 = H / 8;
+    int c = lane;
+    for (; c + 224 < n16; c += 256) {  // 8 loads in flight per lane
+      uint4 v[8];
       #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float a = bf16_to_f32((bf16_t)(w[q] & 0xffff)), b = bf16_to_f32((bf16_t)(w[q] >> 16));
-        sq += a * a + b * b;
-      }
+      for (int u = 0; u < 8; ++u) v[u] = row16[c + 32 * u];
+      #pragma unroll
+      for (int u = 0; u < 8; ++u) sq += sum_squares_bf16x8(v[u]);
     }
+    for (; c < n16; c += 32) sq += sum_squares_bf16x8(row16[c]);
   } else {
-    for (int h = threadIdx.x; h < H; h += kTokThreads) {
+    for (int h = lane; h < H; h += 32) {
       const float v = bf16_to_f32(row[h]);
       sq += v * v;
     }
   }
-  partial[threadIdx.x] = sq;
-  __syncthreads();
-  for (int s = kTokThreads / 2; s > 0; s /= 2) {
-    if (threadIdx.x < s) partial[threadIdx.x] += partial[threadIdx.x + s];
-    __syncthreads();
+  #pragma unroll
+  for (int m = 16; m > 0; m /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, m);  // every lane: the sum
+  return sq;
+}
+
+// The k-th routing slot's expert and weight: from the lanes' registers when K <= 32.
+struct RoutingRow {
+  const i64* idx;
+  const float* w;
+  int K;
+  i64 lane_e;
+  float lane_w;
+  __device__ __forceinline__ i64 expert(int k) const {
+    return K <= 32 ? __shfl_sync(0xffffffffu, lane_e, k) : idx[k];
   }
-  if (threadIdx.x == 0) {
-    const float q = partial[0] / (float)K;
+  __device__ __forceinline__ float weight(int k) const {
+    return K <= 32 ? __shfl_sync(0xffffffffu, lane_w, k) : w[k];
+  }
+};
+
+__device__ __forceinline__ void write_grl(float grl, i64 at, bf16_t* __restrict__ hi, bf16_t* __restrict__ lo) {
+  const bf16_t h = f32_to_bf16(grl);
+  hi[at] = h;
+  lo[at] = f32_to_bf16(grl - bf16_to_f32(h));
+}
+
+extern "C" __global__ void __launch_bounds__(kRouterWarps * 32)
+sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ topk_w,
+              const i64* __restrict__ topk_idx, const float* __restrict__ mask,
+              const float* __restrict__ scores, int T, int H, int E, int K,
+              bf16_t* __restrict__ hi, bf16_t* __restrict__ lo,
+              int* __restrict__ check_scratch, volatile int* check_report) {
+  __shared__ int first_bad[2];
+  if (threadIdx.x == 0) first_bad[0] = first_bad[1] = kNoRow;
+  __syncthreads();
+  const int lane = threadIdx.x % 32;
+  const int t = blockIdx.x * kRouterWarps + threadIdx.x / 32;
+  if (t < T) {  // the whole warp: t is the warp's
+    const i64 at0 = (i64)t * E;
+    RoutingRow r{topk_idx + (i64)t * K, topk_w + (i64)t * K, K, -1, 0.f};
+    if (K <= 32 && lane < K) {
+      r.lane_e = r.idx[lane];
+      r.lane_w = r.w[lane];
+    }
+    float s_pre[kRouterPrefetch], m_pre[kRouterPrefetch];
+    #pragma unroll
+    for (int j = 0; j < kRouterPrefetch; ++j) {
+      const int e = lane + 32 * j;
+      s_pre[j] = e < E ? scores[at0 + e] : 0.f;
+      m_pre[j] = e < E ? mask[at0 + e] : 0.f;
+    }
+    const float q = row_sum_squares(grad_out + (i64)t * H, H,
+                                    H % 8 == 0 && ((unsigned long long)grad_out & 15) == 0, lane) / (float)K;
+
+    // The index check, spread over the lanes: slot k is range-checked and compared with the
+    // earlier slots by lane k % 32.
+    bool out_of_range = false, repeated = false;
+    for (int k = lane; k < K; k += 32) {
+      const i64 e = r.idx[k];
+      out_of_range |= e < 0 || e >= E;
+      for (int j = 0; j < k; ++j) repeated |= r.idx[j] == e;
+    }
+    out_of_range = __any_sync(0xffffffffu, out_of_range);
+    repeated = __any_sync(0xffffffffu, repeated);
+    if (lane == 0 && out_of_range) atomicMin(&first_bad[0], t);
+    if (lane == 0 && repeated) atomicMin(&first_bad[1], t);
+
     float S = 0.f;
-    for (int k = 0; k < K; ++k) S += topk_w[(i64)t * K + k];
+    for (int k = 0; k < K; ++k) S += r.weight(k);
     S += 1e-20f;
     float sum = 0.f;
-    for (int k = 0; k < K; ++k) sum += q * topk_w[(i64)t * K + k] / S;
-    c_shared = (q - sum) / S;
+    for (int k = 0; k < K; ++k) sum += q * r.weight(k) / S;
+    const float c = (q - sum) / S;
+    #pragma unroll
+    for (int j = 0; j < kRouterPrefetch; ++j) {
+      const int e = lane + 32 * j;
+      float G = 0.f;
+      #pragma unroll 1  // unrolled, ptxas moved the prefetched values to the stack
+      for (int k = 0; k < K; ++k) if (r.expert(k) == e) G += c;  // shuffles: every lane takes part
+      if (e < E) write_grl(G * m_pre[j] * s_pre[j] * (1.f - s_pre[j]), at0 + e, hi, lo);
+    }
+    for (int e0 = 32 * kRouterPrefetch; e0 < E; e0 += 32) {  // experts past the prefetched ones
+      const int e = e0 + lane;
+      float G = 0.f;
+      for (int k = 0; k < K; ++k) if (r.expert(k) == e) G += c;
+      if (e < E) {
+        const float s = scores[at0 + e];
+        write_grl(G * mask[at0 + e] * s * (1.f - s), at0 + e, hi, lo);
+      }
+    }
   }
   __syncthreads();
-  const float c = c_shared;
-  for (int e = threadIdx.x; e < E; e += kTokThreads) {
-    float G = 0.f;
-    for (int k = 0; k < K; ++k) if (topk_idx[(i64)t * K + k] == e) G += c;
-    const i64 at = (i64)t * E + e;
-    const float s = scores[at];
-    const float grl = G * mask[at] * s * (1.f - s);
-    const bf16_t h = f32_to_bf16(grl);
-    hi[at] = h;
-    lo[at] = f32_to_bf16(grl - bf16_to_f32(h));
-  }
+  if (threadIdx.x == 0) publish_topk_verdict(first_bad[0], first_bad[1], check_scratch, check_report);
 }

@@ -77,10 +77,10 @@ def sol080_backward(grad_output, hidden_states, router_weight, e_score_correctio
                 shared_expert_down_weight=shared_expert_down_weight,
                 shared_gate_output=shared_gate_output, shared_up_output=shared_up_output,
                 shared_activated=shared_activated)
-    xp, _, index_check = validate.sol080_args(args, defer_index_check=True)
+    xp, dims = validate.sol080_args(args, check_indices=False)
     if xp is np:
-        index_check.finish()
+        validate.check_topk_indices("topk_indices", topk_indices, dims["E"])
         from .reference import sol080
         return sol080.sol080_backward(*args.values())
     from .gpu import sol080 as gpu_sol080
-    return gpu_sol080.sol080_backward(*args.values(), index_check=index_check)
+    return gpu_sol080.sol080_backward(*args.values())  # checks the indices in its first kernel

@@ -66,10 +66,13 @@ class IndexCheck:
     """A top-k index check under way. finish() completes it (waits for the verdict; ValueError
     naming the first bad row). cancel: on the GPU path, the device address of the verdict, which
     launches enqueued before finish() read so that they do nothing on bad indices (gemm's
-    cancel); None where there is nothing to read (NumPy, no rows)."""
+    cancel); None where there is nothing to read (NumPy, no rows). kernel_args: for a check that
+    the caller's own kernel runs (topk_check_in_kernel), the arguments that kernel takes.
+    settle(): for a call that fails before finish(), waits until the check can no longer write
+    (a later check's verdict is then its own)."""
 
-    def __init__(self, finish=lambda: None, cancel=None):
-        self.finish, self.cancel = finish, cancel
+    def __init__(self, finish=lambda: None, cancel=None, kernel_args=None, settle=lambda: None):
+        self.finish, self.cancel, self.kernel_args, self.settle = finish, cancel, kernel_args, settle
 
 
 def check_topk_indices(name: str, idx, n_experts: int, defer: bool = False):
@@ -88,13 +91,21 @@ def check_topk_indices(name: str, idx, n_experts: int, defer: bool = False):
     return None
 
 
-def _topk_check(name, idx, n_experts) -> IndexCheck:
+def topk_check_in_kernel(name: str, idx, n_experts: int) -> IndexCheck:
+    """The GPU top-k index check run by the caller's first kernel instead of a kernel of its own
+    (SOL-080's router kernel reads the rows anyway): launch that kernel with kernel_args
+    (cuda_src/common/topk_check.cuh) before anything reads cancel, then call finish(). No rows:
+    nothing to run (kernel_args None)."""
+    return _topk_check(name, idx, n_experts, launch=False)
+
+
+def _topk_check(name, idx, n_experts, launch=True) -> IndexCheck:
     if idx.size == 0:
         return IndexCheck()
     if is_cupy_array(idx):
-        from .gpu.routing import start_topk_check
+        from .gpu.routing import next_topk_check, start_topk_check
 
-        pending = start_topk_check(idx, n_experts)
+        pending = start_topk_check(idx, n_experts) if launch else next_topk_check()
 
         def finish():
             bad_range, bad_repeat = pending.result()
@@ -106,7 +117,8 @@ def _topk_check(name, idx, n_experts) -> IndexCheck:
             if bad_repeat is not None:
                 raise ValueError(f"{name}: expected distinct experts within a row, row {bad_repeat} "
                                  f"repeats one: {idx[bad_repeat].get().tolist()}")
-        return IndexCheck(finish, pending.cancel)
+        return IndexCheck(finish, pending.cancel, None if launch else pending.kernel_args,
+                          pending.settle)
     _check_topk_numpy(name, idx, n_experts)
     return IndexCheck()
 
@@ -245,9 +257,10 @@ SOL080_ARGS = (
 )
 
 
-def sol080_args(args: dict, defer_index_check: bool = False):
-    """Check sol080_backward's 15 arguments; returns (xp, dims) with T, H, I, E, K bound, and
-    with defer_index_check the top-k index check under way (an IndexCheck, check_topk_indices).
+def sol080_args(args: dict, check_indices: bool = True):
+    """Check sol080_backward's 15 arguments; returns (xp, dims) with T, H, I, E, K bound.
+    check_indices=False leaves the top-k index values to the caller (the GPU path checks them in
+    its first kernel: topk_check_in_kernel).
 
     Every check but the index values' depends only on each argument's type, dtype, shape and
     strides, so a call whose arguments all match one that passed before (a training or benchmark
@@ -262,9 +275,9 @@ def sol080_args(args: dict, defer_index_check: bool = False):
                 _sol080_passed.clear()
             _sol080_passed[signature] = passed
     xp, dims = passed
-    finish = check_topk_indices("topk_indices", args["topk_indices"], dims["E"],
-                                defer=defer_index_check)
-    return (xp, dims, finish) if defer_index_check else (xp, dims)
+    if check_indices:
+        check_topk_indices("topk_indices", args["topk_indices"], dims["E"])
+    return xp, dims
 
 
 _sol080_passed: dict = {}  # argument signature -> (xp, Dims) of a call whose checks passed

@@ -189,3 +189,15 @@ def test_split_k_pieces_for_sol080_shapes(T, d_act, dgrad):
 def test_split_k_keeps_eight_k_tiles_per_piece():
     assert G.k_splits_for(100, 100, 64 * 15, sms=132) == 1  # 15 k-tiles: one piece of 8 at most
     assert G.k_splits_for(100, 100, 64 * 16, sms=132) == 2
+
+
+@pytest.mark.parametrize("tiles,ctas", [(0, 0), (1, 1), (88, 88), (132, 132), (133, 67), (187, 94),
+                                        (264, 132), (330, 110), (528, 132), (704, 118)])
+def test_even_round_ctas_keep_the_rounds_with_the_fewest_ctas(tiles, ctas):
+    """SOL-080's d_act tile counts on 132 SMs (T = 997 .. 8192): as many rounds as one CTA per
+    SM takes, and one CTA fewer would take another round."""
+    assert G.even_round_ctas(tiles, 132) == ctas
+    if tiles:
+        rounds = G.cdiv(tiles, min(tiles, 132))
+        assert G.cdiv(tiles, ctas) == rounds
+        assert ctas == 1 or G.cdiv(tiles, ctas - 1) > rounds

@@ -282,3 +282,34 @@ def test_swiglu_backward_epilogue(n, k, G, M, routed, engine):
     if routed:
         assert relative_error(outs[2].get().astype(np.float32), w[:, None] * _f(a)) < 1e-2
         assert relative_error(dw.get(), (da * _f(a)).sum(1)) < 1e-4
+
+
+@pytest.mark.parametrize("epilogue", ["bf16", "swiglu_backward"])
+def test_even_rounds_grid_gives_the_same_bits(epilogue):
+    """gemm(even_rounds=True) (SOL-080's d_act, 17 x 11 = 187 tiles: 94 CTAs of two rounds
+    instead of 132) computes each tile as before, so the results are bitwise those of the full
+    grid, fused SwiGLU backward included."""
+    import cupy as cp
+    from cupy_moe.gpu.gemm import Segment, SwigluBackward, gemm
+
+    rng = np.random.default_rng(13)
+    m, n, k = 2053, 1408, 192
+    A, B = cp.asarray(_bf16(rng, m, k)), cp.asarray(_bf16(rng, k, n))
+    gate, up = cp.asarray(_bf16(rng, m, n)), cp.asarray(_bf16(rng, m, n))
+    results = []
+    for even in (False, True):
+        out = cp.full((m, 2 * n), np.nan, bfloat16)
+        if epilogue == "bf16":
+            gemm(m=m, n=n, segments=[Segment(A, k, B, n, k=k)], a_kmajor=True, b_kmajor=False,
+                 out=out, ldc=2 * n, engine="sm90", even_rounds=even)
+        else:
+            du = out.data.ptr + 2 * n  # bytes: the second half of every row
+            gemm(m=m, n=n, segments=[Segment(A, k, B, n, k=k)], a_kmajor=True, b_kmajor=False,
+                 out=None, ldc=n, epilogue="swiglu_backward", engine="sm90", even_rounds=even,
+                 swiglu=SwigluBackward(gate=gate, up=up, dg=out, du=du, ld_grad=2 * n,
+                                       contract_rounding=True))
+        results.append(out.get())
+    full, even = results
+    written = full if epilogue == "swiglu_backward" else full[:, :n]
+    assert not np.isnan(written.astype(np.float32)).any()
+    np.testing.assert_array_equal(full.view(np.uint16), even.view(np.uint16))

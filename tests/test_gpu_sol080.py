@@ -32,7 +32,8 @@ def test_workloads_pass_rule(T, atol):
 
 
 @pytest.mark.parametrize("T,H,I,E,K", [(1, 64, 24, 8, 2), (7, 36, 13, 6, 3), (333, 128, 40, 16, 4),
-                                       (130, 2048, 72, 8, 2), (200, 1024, 136, 16, 4)])
+                                       (130, 2048, 72, 8, 2), (200, 1024, 136, 16, 4),
+                                       (37, 64, 24, 160, 40)])
 def test_small_shapes(T, H, I, E, K):
     out, ref = _run(T, H, I, E, K, seed=1)
     for name, o, r in zip(NAMES, out, ref):
@@ -151,3 +152,67 @@ def test_repeated_calls_replay_a_graph_that_reads_current_inputs():
     ref = cupy_moe.sol080_backward(**{k: v.get() for k, v in a.items()})
     for i in (0, 2, 3, 4):  # grad_router_weight is fp32 rounding residue (sol080.md; the tests above)
         assert relative_error(want[i].astype(np.float32), ref[i].astype(np.float32)) < 1e-2
+
+
+def _router_terms_in_order(tw, idx, mask, scores, q, E):
+    """hi and lo of steps 7-10 in fp32 with the kernel's order of operations (k in order)."""
+    f32 = np.float32
+    T, K = idx.shape
+    hi = np.zeros((T, E), bfloat16)
+    lo = np.zeros((T, E), bfloat16)
+    for t in range(T):
+        S = f32(0)
+        for k in range(K):
+            S = f32(S + tw[t, k])
+        S = f32(S + f32(1e-20))
+        total = f32(0)
+        for k in range(K):
+            total = f32(total + f32(f32(q[t] * tw[t, k]) / S))
+        c = f32(f32(q[t] - total) / S)
+        G = np.zeros(E, f32)
+        for k in range(K):
+            G[idx[t, k]] = f32(G[idx[t, k]] + c)
+        s = scores[t]
+        grl = ((G * mask[t]).astype(f32) * s).astype(f32) * (f32(1) - s).astype(f32)
+        hi[t] = grl.astype(f32).astype(bfloat16)
+        lo[t] = (grl.astype(f32) - hi[t].astype(f32)).astype(bfloat16)
+    return hi, lo
+
+
+@pytest.mark.parametrize("T,H,E,K", [(333, 4096, 128, 8), (37, 64, 160, 40), (5, 36, 6, 3)])
+def test_router_kernel_writes_the_contracts_router_terms_bitwise(T, H, E, K):
+    """The router kernel (steps 7-10, plus the index check) against the contract's formula
+    evaluated in the same fp32 order. grad_output holds +-1, +-1/2, +-1/4, so that q is exact
+    whatever the order of its sum; the rest (c, the rounding residue the contract's
+    grad_router_weight is made of, grl, its bf16 split) must then agree bit for bit, at the
+    routed experts and as zeros elsewhere. Unnormalised weights and a random mask make the
+    residue non-zero in many rows. The shapes take the kernel's paths: 16-byte rows or not,
+    K <= 32 in registers or not, E up to 128 prefetched or more."""
+    import types
+
+    import cupy as cp
+    from cupy_moe import validate
+    from cupy_moe.gpu import sol080 as gpu_sol080
+
+    a = make_sol080_inputs(T, H, 24, E, K, seed=T)
+    rng = np.random.default_rng(T)
+    a["grad_output"] = rng.choice([-1.0, -0.5, -0.25, 0.25, 0.5, 1.0], (T, H)).astype(bfloat16)
+    a["topk_weights"] = (3 * rng.random((T, K))).astype(np.float32)
+    a["score_mask"] = rng.random((T, E)).astype(np.float32)  # the contract's mask is all ones
+    d = {k: cp.asarray(v) for k, v in a.items()}
+    inputs = gpu_sol080._Inputs(d["grad_output"], d["hidden_states"], d["router_weight"], d["scores"],
+                                d["topk_indices"], d["topk_weights"], d["score_mask"],
+                                d["shared_expert_gate_weight"], d["shared_expert_up_weight"],
+                                d["shared_expert_down_weight"], d["shared_gate_output"],
+                                d["shared_up_output"], d["shared_activated"])
+    ws = types.SimpleNamespace(hi=cp.empty((T, E), bfloat16), lo=cp.empty((T, E), bfloat16))
+    check = validate.topk_check_in_kernel("topk_indices", inputs.idx, E)
+    gpu_sol080._router_kernel(inputs, ws, check.kernel_args)
+    check.finish()
+    g = a["grad_output"].astype(np.float64)
+    q = (g * g).sum(axis=1).astype(np.float32) / np.float32(K)  # the sum is exact in fp32 too
+    hi, lo = _router_terms_in_order(a["topk_weights"], a["topk_indices"], a["score_mask"],
+                                    a["scores"], q, E)
+    assert np.abs(hi.astype(np.float32)).max() > 0  # the residue is not zero everywhere
+    np.testing.assert_array_equal(ws.hi.get().view(np.uint16), hi.view(np.uint16))
+    np.testing.assert_array_equal(ws.lo.get().view(np.uint16), lo.view(np.uint16))

@@ -264,7 +264,8 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
          out, ldc: int, epilogue: str = "bf16", grouping: str = "none",
          group_offsets=None, num_groups: int = 0, c_group_stride: int = 0,
          gather_a=None, gather_b=None, gather_div: int = 1, engine: str = "auto",
-         swiglu: SwigluBackward | None = None, k_splits: int = 1, cancel: int | None = None) -> None:
+         swiglu: SwigluBackward | None = None, k_splits: int = 1, cancel: int | None = None,
+         even_rounds: bool = False) -> None:
     """Launch one GEMM on the current stream.
 
     grouping='m': rows are experts' segments group_offsets[g]:group_offsets[g+1] of m total rows,
@@ -281,7 +282,9 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     (k_splits_for). Where the Hopper loop does not apply, piece 0 holds the whole product and the
     others zeros. cancel: the device address of an int that, nonzero when the kernel starts,
     makes it do nothing (the top-k check's verdict, read by launches enqueued before the host has
-    it).
+    it). even_rounds: the Hopper loop's persistent grid takes the fewest CTAs that keep its number
+    of rounds (tiles per CTA, even_round_ctas) instead of one per SM: as fast alone, and the SMs
+    it leaves free serve a kernel on another stream from the start, not only in the last round.
 
     A launch's parameter block depends only on addresses and sizes, so it is built once per
     distinct call and replayed from a cache afterwards (repeated calls on the same buffers, as a
@@ -298,7 +301,7 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     key = (cupy.cuda.Device().id, PINGPONG, STAGED_EPILOGUE, tuple(sorted(CONFIG_OVERRIDE.items())),
            m, n, a_kmajor, b_kmajor, opt(out), ldc, epilogue, grouping, opt(group_offsets),
            num_groups, c_group_stride, opt(gather_a), opt(gather_b), gather_div, engine, k_splits,
-           cancel,
+           cancel, even_rounds,
            tuple((_addr(s.a), s.lda, _addr(s.b), s.ldb, s.k, s.b_group_stride) for s in segments),
            None if sw is None else tuple(opt(a) for a in (sw.gate, sw.up, sw.dg, sw.du, sw.act,
                                                          sw.weights, sw.row_index, sw.aw, sw.dw))
@@ -307,7 +310,8 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     if launch is None:
         launch = _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping,
                           group_offsets, k_splits if k_splits > 1 else num_groups,
-                          c_group_stride, gather_a, gather_b, gather_div, engine, sw, cancel)
+                          c_group_stride, gather_a, gather_b, gather_div, engine, sw, cancel,
+                          even_rounds)
         if len(_prepared) >= 1024:
             _prepared.clear()
         _prepared[key] = launch
@@ -361,7 +365,7 @@ class _Launch:
 
 def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, group_offsets,
              num_groups, c_group_stride, gather_a, gather_b, gather_div, engine, sw,
-             cancel=None) -> _Launch:
+             cancel=None, even_rounds=False) -> _Launch:
     p = GemmParams()
     p.cancel = cancel or 0
     for i, s in enumerate(segments):
@@ -387,7 +391,7 @@ def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, g
         why = _sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stride,
                                 flags["GATHER_A"], flags["GATHER_B"])
         if why is None:
-            return _prepare_sm90(p, segments, m, n, grouping, num_groups, flags)
+            return _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, even_rounds)
         if engine == "sm90":
             raise ValueError(f"the sm90 GEMM does not apply: {why}")
     if sw is not None and (sw.contract_rounding or sw.ld_grad):
@@ -432,7 +436,13 @@ def _sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stri
     return None
 
 
-def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags) -> _Launch:
+def even_round_ctas(tiles: int, sms: int) -> int:
+    """The fewest CTAs that keep a persistent grid of `tiles` at its number of rounds on `sms`
+    SMs (187 tiles on 132 SMs: 2 rounds, 94 CTAs instead of 132)."""
+    return cdiv(tiles, cdiv(tiles, sms)) if tiles > 0 else 0
+
+
+def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, even_rounds=False) -> _Launch:
     sms = device_sms()
     m_tiles = cdiv(m, Sm90Config.BM) + (num_groups if grouping == "m" else 0)
     pieces = num_groups if grouping == "none" and num_groups > 1 else 1  # split-K
@@ -471,7 +481,8 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags) -> _Launch:
         tiles = num_groups * cdiv(m, cfg.BM) * tiles_n
     else:
         tiles = m_tiles * tiles_n * pieces
-    return _Launch("sm90", _sm90_module(cfg), "gemm_sm90_kernel", (min(tiles, sms),), cfg.threads,
+    ctas = even_round_ctas(tiles, sms) if even_rounds else min(tiles, sms)
+    return _Launch("sm90", _sm90_module(cfg), "gemm_sm90_kernel", (ctas,), cfg.threads,
                    cfg.smem_bytes(num_groups if grouping == "m" else 0), bytes(P), GemmSm90Params,
                    m=m, n=n, tiles_n=tiles_n)
 

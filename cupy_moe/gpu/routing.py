@@ -50,7 +50,7 @@ _check_state = {}  # (device, stream) -> _CheckBuffers
 class _CheckBuffers:
     """The top-k check's device scratch ([0..2] reset by the kernel itself after every check, [3]
     the last verdict) and its host-mapped report [first out-of-range row, first repeating row,
-    sequence number]."""
+    done flag] (cuda_src/common/topk_check.cuh)."""
 
     def __init__(self):
         self.scratch = cp.array([_NO_ROW, _NO_ROW, 0, 0], cp.int32)
@@ -59,31 +59,42 @@ class _CheckBuffers:
         self.report[:] = (_NO_ROW, _NO_ROW, 0)
         # Pinned memory is mapped into the device's address space (unified addressing).
         self.device_report = cp.cuda.runtime.pointerGetAttributes(self.pinned.ptr).devicePointer
-        self.seq = 0
 
 
 class PendingCheck:
-    """A launched top-k check. cancel: the device address of its verdict (nonzero: bad), for
-    the launches enqueued after it to read (gemm's cancel); result() waits for the host's copy of
-    the verdict and returns (first row with an out-of-range index, first row repeating an
-    expert), None where none."""
+    """A top-k check of the current stream, about to be launched. kernel_args: the (scratch,
+    report) pointers of the kernel that runs it (check_topk_indices, or SOL-080's router kernel);
+    cancel: the device address of its verdict (nonzero: bad), for the launches enqueued after it
+    to read (gemm's cancel); result() waits for the host's copy of the verdict and returns (first
+    row with an out-of-range index, first row repeating an expert), None where none. Whoever
+    launches the check waits for it (result(), or settle() when the call fails on its way), so
+    the next check's done flag cannot be set by this one."""
 
-    def __init__(self, stream, buffers: _CheckBuffers, seq: int):
-        self._stream, self._report, self._seq = stream, buffers.report, seq
+    def __init__(self, stream, buffers: _CheckBuffers):
+        self._stream, self._report = stream, buffers.report
+        self.kernel_args = [ptr(buffers.scratch), ptr(buffers.device_report)]
         self.cancel = buffers.scratch.data.ptr + 3 * 4
 
     def result(self):
-        report, seq = self._report, self._seq
-        while report[2] != seq:
-            if self._stream.done and report[2] != seq:  # finished (or failed) without a verdict
+        report = self._report
+        while report[2] == 0:
+            if self._stream.done and report[2] == 0:  # finished (or failed) without a verdict
                 self._stream.synchronize()  # raises the stream's error, if any
                 raise RuntimeError("the top-k index check finished without reporting")
         return tuple(None if int(v) == _NO_ROW else int(v) for v in report[:2])
 
+    def settle(self) -> None:
+        """Wait until nothing this check's call enqueued can still write (a call that raised
+        before result()); errors of the stream are left to the exception under way."""
+        try:
+            self._stream.synchronize()
+        except Exception:
+            pass
 
-def start_topk_check(topk_indices, n_experts: int) -> PendingCheck:
-    """Launch the top-k index check on the current stream: one kernel, whose verdict lands in
-    device memory (for the launches that follow) and in host-mapped memory (for the host)."""
+
+def next_topk_check() -> PendingCheck:
+    """The current stream's next top-k check: clears its done flag; the caller launches the
+    kernel that runs it (with kernel_args) before anything else reads the verdict."""
     stream = cp.cuda.get_current_stream()
     key = (cp.cuda.Device().id, stream.ptr)
     buffers = _check_state.get(key)
@@ -92,9 +103,15 @@ def start_topk_check(topk_indices, n_experts: int) -> PendingCheck:
             cp.cuda.Device().synchronize()  # no check still writes into what is dropped
             _check_state.clear()
         buffers = _check_state[key] = _CheckBuffers()
-    buffers.seq = seq = buffers.seq % 0x7FFFFFFF + 1
+    buffers.report[2] = 0
+    return PendingCheck(stream, buffers)
+
+
+def start_topk_check(topk_indices, n_experts: int) -> PendingCheck:
+    """Launch the top-k index check on the current stream: one kernel, whose verdict lands in
+    device memory (for the launches that follow) and in host-mapped memory (for the host)."""
+    pending = next_topk_check()
     T, K = topk_indices.shape
     _launch.launch(_build.load_module("routing.cu"), "check_topk_indices", (cdiv(T, 256),), (256,),
-                   [ptr(topk_indices), i32(T), i32(K), i32(n_experts), ptr(buffers.scratch),
-                    ptr(buffers.device_report), i32(seq)])
-    return PendingCheck(stream, buffers, seq)
+                   [ptr(topk_indices), i32(T), i32(K), i32(n_experts)] + pending.kernel_args)
+    return pending

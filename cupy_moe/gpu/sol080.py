@@ -12,12 +12,16 @@ concatenated reduction, accumulated in fp32 and rounded once (within the pass ru
 rounds each to bf16 first).
 
 The launches form a small DAG over two streams (fork/join by events, captured as graph branches):
-    main: d_act GEMM (+ SwiGLU backward) ........ dgrad [d_gate | d_up | bf16(grl)] @ [Wg; Wu; Wr]
-    side: router kernel, grad_Wd = g^T act ....... grad_[Wg; Wu] = [d_gate | d_up]^T x, router wgrad
-grad_Wd needs neither d_act nor the router, so it can start as the d_act GEMM's last wave leaves
-SMs free, as grad_[Wg; Wu] beside the dgrad. (Holding two GEMMs to disjoint SM budgets, chosen
-by a tile-time model, measured no better: bench/NOTES.md v0.5. Every GEMM CTA takes a whole
-SM's registers, so the small kernels do not run inside a GEMM either.)
+    main: router kernel (+ the top-k index check) | d_act GEMM (+ SwiGLU backward) .. dgrad
+          [d_gate | d_up | bf16(grl)] @ [Wg; Wu; Wr] .. router wgrad (T above the split-K range)
+    side:                                         | grad_Wd = g^T act .. grad_[Wg; Wu] =
+          [d_gate | d_up]^T x .. router wgrad (split-K range)
+The router kernel goes first, alone: it runs the call's index check, whose verdict every later
+launch reads, and a router kernel queued beside d_act would wait for d_act's SMs (every GEMM CTA
+takes a whole SM's registers) and hold back the dgrad. grad_Wd needs neither d_act nor the
+router, so it starts as the d_act GEMM's last wave leaves SMs free, as grad_[Wg; Wu] beside the
+dgrad. The router wgrad ends whichever branch would end first (bench/NOTES.md v0.6). Holding
+two GEMMs to disjoint SM budgets, chosen by a tile-time model, measured no better (v0.5).
 CUPY_MOE_SOL080_STREAMS=0 keeps everything on one stream.
 """
 from __future__ import annotations
@@ -28,11 +32,12 @@ from typing import NamedTuple
 
 import cupy as cp
 
-from .. import _build, _launch
+from .. import _build, _launch, validate
 from .._arrays import bfloat16
-from .._launch import grid_stride_blocks, i32, i64, ptr
+from .._launch import cdiv, grid_stride_blocks, i32, i64, ptr
 from . import graphs, router
-from .gemm import Segment, SwigluBackward, gemm, k_splits_for, sm90_applies
+from .gemm import (Segment, SwigluBackward, device_sms, even_round_ctas, gemm, k_splits_for,
+                   sm90_applies)
 
 CONCURRENT = os.environ.get("CUPY_MOE_SOL080_STREAMS", "1") != "0"
 _side = {}  # (device, stream) -> _Side
@@ -83,11 +88,15 @@ class _Inputs(NamedTuple):
 class _Plan:
     """How a call's two long-reduction GEMMs run (a function of shapes and alignment only).
     act_splits / dgrad_splits > 1: split-K into fp32 pieces summed by a small kernel (few output
-    tiles at small T, gemm.k_splits_for); act_fused: else the SwiGLU backward in d_act's epilogue."""
+    tiles at small T, gemm.k_splits_for); act_fused: else the SwiGLU backward in d_act's epilogue.
+    router_beside: the fused d_act runs on the fewest CTAs that keep its rounds (gemm's
+    even_rounds), and the router kernel runs beside it on the SMs that leaves free (at least
+    _ROUTER_SMS of them), instead of alone before it."""
 
     act_splits: int
     act_fused: bool
     dgrad_splits: int
+    router_beside: bool = False
 
     @classmethod
     def of(cls, g, wr, wg, wu, wd, gate):
@@ -99,8 +108,17 @@ class _Plan:
         dgrad_on_sm90 = sm90_applies(T, H, [Segment(2 * I, 2 * I, wu, H, k=I), Segment(0, 2 * I, wg, H, k=I),
                                             Segment(0, E, wr, H, k=E)], True, False)
         act_splits = k_splits_for(T, I, H) if d_act_on_sm90 else 1
-        return cls(act_splits=act_splits, act_fused=d_act_on_sm90 and act_splits == 1,
-                   dgrad_splits=k_splits_for(T, H, 2 * I + E) if dgrad_on_sm90 else 1)
+        act_fused = d_act_on_sm90 and act_splits == 1
+        sms = device_sms()
+        d_act_tiles = cdiv(T, _D_ACT_TILE) * cdiv(I, _D_ACT_TILE)
+        return cls(act_splits=act_splits, act_fused=act_fused,
+                   dgrad_splits=k_splits_for(T, H, 2 * I + E) if dgrad_on_sm90 else 1,
+                   router_beside=CONCURRENT and act_fused
+                   and sms - even_round_ctas(d_act_tiles, sms) >= _ROUTER_SMS)
+
+
+_D_ACT_TILE = 128  # the fused d_act's tile edge (Sm90Config.choose: staged epilogue -> 128 x 128)
+_ROUTER_SMS = 8    # fewest free SMs the router kernel runs beside d_act on (else it goes first)
 
 
 @dataclass
@@ -127,11 +145,11 @@ class _Workspace:
                    partial=pieces(splits, E, H))
 
 
-def sol080_backward(g, x, wr, bias, logits, scores, idx, tw, mask, wg, wu, wd, gate, up, act,
-                    index_check=None):
-    """index_check: the top-k index check already launched on this stream (validate.IndexCheck).
-    Every launch of the call reads its verdict and does nothing when it is bad; its finish()
-    runs after they are enqueued and raises before any result is returned."""
+def sol080_backward(g, x, wr, bias, logits, scores, idx, tw, mask, wg, wu, wd, gate, up, act):
+    """The arguments' structure is checked (validate.sol080_args); the top-k index values are
+    checked here, by the router kernel, the call's first launch. Every later launch reads its
+    verdict and does nothing when it is bad; the host waits for the verdict only after all of
+    them are enqueued, and raises before any result is returned."""
     T, H = x.shape
     I, E = gate.shape[1], wr.shape[0]
     grad_wgu = cp.empty((2 * I, H), bfloat16)  # [grad_Wg; grad_Wu]: one GEMM, two contiguous halves
@@ -140,44 +158,61 @@ def sol080_backward(g, x, wr, bias, logits, scores, idx, tw, mask, wg, wu, wd, g
     grad_h = cp.empty((T, H), bfloat16)
     inputs = _Inputs(g, x, wr, scores, idx, tw, mask, wg, wu, wd, gate, up, act)
     outputs = (grad_h, grad_router, grad_wgu, grad_wd)
-    cancel = index_check.cancel if index_check is not None else None
-    key = ("sol080", T, H, I, E, idx.shape[1], cancel) + tuple(a.data.ptr for a in inputs + outputs)
+    check = validate.topk_check_in_kernel("topk_indices", idx, E)
+    key = ("sol080", T, H, I, E, idx.shape[1], check.cancel) + tuple(a.data.ptr for a in inputs + outputs)
     plan = _Plan.of(g, wr, wg, wu, wd, gate)
-    graphs.run(key, lambda: _Workspace.allocate(T, H, I, E, plan),
-               lambda ws: _enqueue(inputs, outputs, ws, plan, cancel))
-    if index_check is not None:
-        index_check.finish()
+    try:
+        graphs.run(key, lambda: _Workspace.allocate(T, H, I, E, plan),
+                   lambda ws: _enqueue(inputs, outputs, ws, plan, check))
+    except BaseException:
+        check.settle()
+        raise
+    check.finish()
     return grad_h, grad_router, grad_wgu[:I], grad_wgu[I:], grad_wd
 
 
-def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, cancel) -> None:
+def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> None:
     grad_h, grad_router, grad_wgu, grad_wd = outputs
+    cancel = check.cancel
     d_act, wd_grad = _d_act_gemm(inputs, ws, plan), _grad_wd_gemm(inputs, grad_wd)
     dgrad, wgu_grad = _dgrad_gemm(inputs, grad_h, ws, plan), _grad_wgu_gemm(inputs, grad_wgu, ws)
-    for kwargs in (d_act, wd_grad, dgrad, wgu_grad):
+    for kwargs in (wd_grad, dgrad, wgu_grad):
         kwargs["cancel"] = cancel
+    # d_act reads no routing: beside the router kernel (which runs the check) it cannot wait for
+    # the verdict, and does not need to; after it, it reads the verdict like the rest.
+    d_act["cancel"] = None if plan.router_beside else cancel
+    d_act["even_rounds"] = plan.router_beside
     main = cp.cuda.get_current_stream()
     side = _Side.of(main) if CONCURRENT else None
+    if not plan.router_beside:
+        _router_kernel(inputs, ws, check.kernel_args)  # first: the index check every launch reads
     if side is not None:
         side.fork.record(main)
         side.stream.wait_event(side.fork)
     gemm(**d_act)
-    _finish_d_act(inputs, ws, plan, cancel)
+    _finish_d_act(inputs, ws, plan, d_act["cancel"])
     with side.stream if side else main:
-        _router_kernel(inputs, ws, cancel)
-        if side:
+        if plan.router_beside:
+            _router_kernel(inputs, ws, check.kernel_args)
             side.router_done.record()
         gemm(**wd_grad)
     if side:
         side.d_act_done.record(main)
+    if plan.router_beside:
         main.wait_event(side.router_done)
     gemm(**dgrad)
     _finish_dgrad(grad_h, ws, plan, cancel)
+    # The router wgrad goes on the branch that ends first: the side one at small T, where the
+    # main branch carries split-K pieces and their sums, the main one otherwise.
+    wgrad_on_side = side is not None and plan.act_splits > 1
+    if not wgrad_on_side:
+        router.weight_gradient(ws.hi, ws.lo, inputs.x, grad_router, ws.partial, cancel)
     with side.stream if side else main:
         if side:
             side.stream.wait_event(side.d_act_done)
         gemm(**wgu_grad)
-        router.weight_gradient(ws.hi, ws.lo, inputs.x, grad_router, ws.partial, cancel)
+        if wgrad_on_side:
+            router.weight_gradient(ws.hi, ws.lo, inputs.x, grad_router, ws.partial, cancel)
         if side:
             side.join.record()
     if side:
@@ -217,14 +252,19 @@ def _finish_d_act(inputs: _Inputs, ws: _Workspace, plan: _Plan, cancel) -> None:
                        [ptr(ws.d_act), ptr(gate), ptr(up), ptr(ws.d_gu), i32(I), i64(n), ptr(cancel)])
 
 
-def _router_kernel(inputs: _Inputs, ws: _Workspace, cancel) -> None:
-    """bf16(grl) and its remainder (steps 7-10)."""
+_ROUTER_WARPS = 8  # kRouterWarps in sol080.cu: tokens per block
+
+
+def _router_kernel(inputs: _Inputs, ws: _Workspace, check_args) -> None:
+    """bf16(grl) and its remainder (steps 7-10), and the top-k index check (check_args: its
+    scratch and report, validate.topk_check_in_kernel; None when there are no rows)."""
     a = inputs
     T, H = a.g.shape
     E, K = a.wr.shape[0], a.idx.shape[1]
-    _launch.launch(_build.load_module("sol080.cu"), "sol080_router", (T,), (256,),
+    _launch.launch(_build.load_module("sol080.cu"), "sol080_router", (cdiv(T, _ROUTER_WARPS),),
+                   (32 * _ROUTER_WARPS,),
                    [ptr(a.g), ptr(a.tw), ptr(a.idx), ptr(a.mask), ptr(a.scores), i32(T), i32(H),
-                    i32(E), i32(K), ptr(ws.hi), ptr(ws.lo), ptr(cancel)])
+                    i32(E), i32(K), ptr(ws.hi), ptr(ws.lo)] + (check_args or [ptr(None), ptr(None)]))
 
 
 def _grad_wd_gemm(inputs: _Inputs, grad_wd) -> dict:
