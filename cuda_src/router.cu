@@ -137,9 +137,6 @@ extern "C" __global__ void sum_splits(const float* __restrict__ partial, int spl
                                       float* __restrict__ out, const int* cancel) {
   if (cancelled(cancel)) return;
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-       i += (long long)gridDim.x * blockDim.x) {
-    float acc = partial[i];
-    for (int s = 1; s < splits; ++s) acc += partial[s * n + i];
-    out[i] = acc;
-  }
+       i += (long long)gridDim.x * blockDim.x)
+    out[i] = sum_of_pieces(partial, splits, n, i);
 }

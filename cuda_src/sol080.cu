@@ -32,22 +32,17 @@ extern "C" __global__ void sol080_swiglu_backward_pieces(const float* __restrict
                                                          bf16_t* __restrict__ d_gate_up, int I, i64 n,
                                                          const int* cancel) {
   if (cancelled(cancel)) return;
-  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
-    float da = 0.f;
-    for (int s = 0; s < pieces; ++s) da += d_act_pieces[s * n + i];
-    contract_swiglu_backward(round_bf16(da), i, gate, up, d_gate_up, I);
-  }
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+    contract_swiglu_backward(round_bf16(sum_of_pieces(d_act_pieces, pieces, n, i)), i, gate, up,
+                             d_gate_up, I);
 }
 
 // bf16(sum of split-K pieces, in order): fp32 [pieces][n] -> bf16 [n].
 extern "C" __global__ void sum_pieces_bf16(const float* __restrict__ pieces_, int pieces, i64 n,
                                            bf16_t* __restrict__ out, const int* cancel) {
   if (cancelled(cancel)) return;
-  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
-    float v = 0.f;
-    for (int s = 0; s < pieces; ++s) v += pieces_[s * n + i];
-    out[i] = f32_to_bf16(v);
-  }
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+    out[i] = f32_to_bf16(sum_of_pieces(pieces_, pieces, n, i));
 }
 
 // One warp per token, kRouterWarps tokens per block. The kernel also runs the call's top-k index

@@ -201,3 +201,21 @@ def test_even_round_ctas_keep_the_rounds_with_the_fewest_ctas(tiles, ctas):
         rounds = G.cdiv(tiles, min(tiles, 132))
         assert G.cdiv(tiles, ctas) == rounds
         assert ctas == 1 or G.cdiv(tiles, ctas - 1) > rounds
+
+
+@pytest.mark.parametrize("splits,even,ctas", [(1, False, 22), (6, False, 132), (6, True, 132),
+                                              (4, False, 88), (8, True, 88)])
+def test_split_k_and_even_round_launches(host, splits, even, ctas):
+    """SOL-080's d_act at T = 192 (2 x 11 output tiles of 128): split-K compiles the SPLIT_K
+    config, puts the piece count where the kernel reads it (GemmParams.num_groups) and launches
+    one CTA per tile and piece up to the SMs; even_rounds keeps the rounds with fewer CTAs
+    (176 work items: 2 rounds of 88)."""
+    launches, _ = host
+    G.gemm(m=192, n=1408, segments=[G.Segment(_Array(0x1000_0000), 4096, _Array(0x2000_0000), 1408,
+                                              k=4096)],
+           a_kmajor=True, b_kmajor=False, out=_Array(0x9000_0000), ldc=1408, epilogue="f32",
+           k_splits=splits, c_group_stride=192 * 1408 if splits > 1 else 0, even_rounds=even)
+    (kind, cfg), name, grid, _, params, _ = launches[-1]
+    assert kind == "sm90" and cfg.SPLIT_K == (splits > 1) and grid[0] == ctas
+    base = G.GemmSm90Params.from_buffer_copy(params).base
+    assert base.num_groups == (splits if splits > 1 else 0)

@@ -42,3 +42,11 @@ __device__ __forceinline__ float sigmoid_fast(float z) { return __fdividef(1.0f,
 __device__ __forceinline__ bool cancelled(const int* cancel) {
   return cancel != nullptr && *(const volatile int*)cancel != 0;
 }
+
+// Element i of the sum of split-K pieces laid out [count][n], added in piece order (deterministic).
+// It starts from piece 0, not from 0.f, so a sum of negative zeros stays -0 as one product would.
+__device__ __forceinline__ float sum_of_pieces(const float* __restrict__ pieces, int count, i64 n, i64 i) {
+  float acc = pieces[i];
+  for (int s = 1; s < count; ++s) acc += pieces[s * n + i];
+  return acc;
+}

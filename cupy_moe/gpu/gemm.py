@@ -142,7 +142,8 @@ class Sm90Config:
     C_TMA: bool = False  # bf16 results leave through shared memory and TMA stores
     PINGPONG: bool = False  # consumer warpgroups take whole tiles in turn (else share each tile)
     E_STAGED: bool = False  # SwiGLU backward on the producer's spare warps from staged fp32 da'
-    SPLIT_K: bool = False  # fp32 pieces of the reduction (num_groups of them, ungrouped GEMMs)
+    SPLIT_K: bool = False  # fp32 pieces of the reduction (ungrouped GEMMs; the kernel reads
+    # their count in GemmParams.num_groups)
 
     BM = 128
     BK = 64
@@ -309,9 +310,8 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     launch = _prepared.get(key)
     if launch is None:
         launch = _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping,
-                          group_offsets, k_splits if k_splits > 1 else num_groups,
-                          c_group_stride, gather_a, gather_b, gather_div, engine, sw, cancel,
-                          even_rounds)
+                          group_offsets, num_groups, c_group_stride, gather_a, gather_b,
+                          gather_div, engine, sw, cancel, k_splits, even_rounds)
         if len(_prepared) >= 1024:
             _prepared.clear()
         _prepared[key] = launch
@@ -365,7 +365,7 @@ class _Launch:
 
 def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, group_offsets,
              num_groups, c_group_stride, gather_a, gather_b, gather_div, engine, sw,
-             cancel=None, even_rounds=False) -> _Launch:
+             cancel=None, k_splits=1, even_rounds=False) -> _Launch:
     p = GemmParams()
     p.cancel = cancel or 0
     for i, s in enumerate(segments):
@@ -375,7 +375,7 @@ def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, g
     p.c, p.ldc, p.c_group_stride = (0 if out is None else _addr(out)), ldc, c_group_stride
     p.m, p.n = m, n
     p.group_offsets = 0 if group_offsets is None else _addr(group_offsets)
-    p.num_groups = num_groups
+    p.num_groups = k_splits if k_splits > 1 else num_groups  # the kernel reads the pieces here
     p.gather_a = 0 if gather_a is None else _addr(gather_a)
     p.gather_b = 0 if gather_b is None else _addr(gather_b)
     p.gather_div = gather_div
@@ -391,15 +391,16 @@ def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, g
         why = _sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stride,
                                 flags["GATHER_A"], flags["GATHER_B"])
         if why is None:
-            return _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, even_rounds)
+            return _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits,
+                                 even_rounds)
         if engine == "sm90":
             raise ValueError(f"the sm90 GEMM does not apply: {why}")
     if sw is not None and (sw.contract_rounding or sw.ld_grad):
         raise ValueError("the SwiGLU epilogue's contract rounding and ld_grad need the sm90 GEMM")
-    if grouping == "none" and num_groups > 1:  # split-K: the whole product into piece 0
+    if k_splits > 1:  # split-K: the whole product into piece 0
         p.num_groups = 0
         launch = _prepare_mma(p, segments, m, n, grouping, 0, flags)
-        launch.zero_bytes = (_addr(out) + 4 * c_group_stride, 4 * c_group_stride * (num_groups - 1))
+        launch.zero_bytes = (_addr(out) + 4 * c_group_stride, 4 * c_group_stride * (k_splits - 1))
         return launch
     if sw is not None:  # the portable loop has no fused epilogue: fp32 da', then the kernel
         launch = _prepare_mma(p, segments, m, n, grouping, num_groups,
@@ -442,18 +443,18 @@ def even_round_ctas(tiles: int, sms: int) -> int:
     return cdiv(tiles, cdiv(tiles, sms)) if tiles > 0 else 0
 
 
-def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, even_rounds=False) -> _Launch:
+def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
+                  even_rounds=False) -> _Launch:
     sms = device_sms()
     m_tiles = cdiv(m, Sm90Config.BM) + (num_groups if grouping == "m" else 0)
-    pieces = num_groups if grouping == "none" and num_groups > 1 else 1  # split-K
     c_tma = (flags["EPILOGUE"] == EPILOGUES["bf16"] and p.ldc % 8 == 0 and p.c_group_stride % 8 == 0)
     if PINGPONG == "auto":
         pingpong = grouping == "k" and not wide_tiles_pay(n, GROUPINGS[grouping])
     else:
         pingpong = bool(PINGPONG)
     staged = not pingpong and _epilogue_staged(p, n, flags)
-    cfg = Sm90Config.choose(m_tiles * pieces, n, sms, num_groups if grouping == "m" else 0, pingpong,
-                            C_TMA=c_tma, E_STAGED=staged, SPLIT_K=pieces > 1, **flags)
+    cfg = Sm90Config.choose(m_tiles * k_splits, n, sms, num_groups if grouping == "m" else 0,
+                            pingpong, C_TMA=c_tma, E_STAGED=staged, SPLIT_K=k_splits > 1, **flags)
     if CONFIG_OVERRIDE:
         cfg = dataclasses.replace(cfg, **CONFIG_OVERRIDE)
     P = GemmSm90Params()
@@ -480,7 +481,7 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, even_rounds=Fa
     if grouping == "k":
         tiles = num_groups * cdiv(m, cfg.BM) * tiles_n
     else:
-        tiles = m_tiles * tiles_n * pieces
+        tiles = m_tiles * tiles_n * k_splits
     ctas = even_round_ctas(tiles, sms) if even_rounds else min(tiles, sms)
     return _Launch("sm90", _sm90_module(cfg), "gemm_sm90_kernel", (ctas,), cfg.threads,
                    cfg.smem_bytes(num_groups if grouping == "m" else 0), bytes(P), GemmSm90Params,
