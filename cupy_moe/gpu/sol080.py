@@ -89,9 +89,9 @@ class _Plan:
     """How a call's two long-reduction GEMMs run (a function of shapes and alignment only).
     act_splits / dgrad_splits > 1: split-K into fp32 pieces summed by a small kernel (few output
     tiles at small T, gemm.k_splits_for); act_fused: else the SwiGLU backward in d_act's epilogue.
-    router_beside: the fused d_act runs on the fewest CTAs that keep its rounds (gemm's
-    even_rounds), and the router kernel runs beside it on the SMs that leaves free (at least
-    _ROUTER_SMS of them), instead of alone before it."""
+    router_beside: the router kernel runs beside d_act on SMs d_act leaves free (at least
+    _ROUTER_SMS), instead of alone before it: the fused d_act on the fewest CTAs that keep its
+    rounds (gemm's even_rounds), a split one in fewer pieces."""
 
     act_splits: int
     act_fused: bool
@@ -111,10 +111,18 @@ class _Plan:
         act_fused = d_act_on_sm90 and act_splits == 1
         sms = device_sms()
         d_act_tiles = cdiv(T, _D_ACT_TILE) * cdiv(I, _D_ACT_TILE)
+        router_beside = CONCURRENT and act_fused and (
+            sms - even_round_ctas(d_act_tiles, sms) >= _ROUTER_SMS)
+        if CONCURRENT and act_splits > 1:
+            # Split d_act fills the SMs in one round: with fewer pieces it leaves the router
+            # kernel room beside it (each piece a longer reduction: +20-50% of ~17 us, against
+            # the router's ~14 us alone in front).
+            fewer = (sms - _ROUTER_SMS) // d_act_tiles
+            if fewer >= 2:
+                act_splits, router_beside = min(act_splits, fewer), True
         return cls(act_splits=act_splits, act_fused=act_fused,
                    dgrad_splits=k_splits_for(T, H, 2 * I + E) if dgrad_on_sm90 else 1,
-                   router_beside=CONCURRENT and act_fused
-                   and sms - even_round_ctas(d_act_tiles, sms) >= _ROUTER_SMS)
+                   router_beside=router_beside)
 
 
 _D_ACT_TILE = 128  # the fused d_act's tile edge (Sm90Config.choose: staged epilogue -> 128 x 128)
