@@ -1,0 +1,57 @@
+"""SOL-080's launch plan on the CPU (a stand-in CuPy on 132 SMs, no kernels): where d_act runs
+split-K and in how many pieces, and where the router kernel (which runs the top-k check) goes:
+beside d_act on SMs it leaves free, or first, alone."""
+import importlib
+import sys
+import types
+
+import pytest
+
+H, I, E = 4096, 1408, 128
+
+
+class _Array:
+    def __init__(self, shape, ptr=0x1000_0000):
+        self.shape, self.data = shape, types.SimpleNamespace(ptr=ptr)
+
+
+@pytest.fixture
+def plan_of(monkeypatch):
+    try:  # the device: the real CuPy (gpu/sol080.py binds the module it imports, for later tests)
+        importlib.import_module("cupy")
+    except ImportError:
+        fake = types.ModuleType("cupy")
+        fake.cuda = types.SimpleNamespace(Device=lambda *a: types.SimpleNamespace(id=0))
+        monkeypatch.setitem(sys.modules, "cupy", fake)
+    from cupy_moe.gpu import gemm, sol080
+
+    monkeypatch.setattr(gemm, "_device_info", lambda device_id: ("90", 132))
+    monkeypatch.setattr(sol080, "CONCURRENT", True)
+
+    def plan(T):
+        g, wr, gate = _Array((T, H)), _Array((E, H)), _Array((T, I))
+        wg, wu, wd = _Array((I, H)), _Array((I, H)), _Array((H, I))
+        return sol080._Plan.of(g, wr, wg, wu, wd, gate)
+    return plan
+
+
+@pytest.mark.parametrize("T,splits,beside", [
+    (1, 8, True), (192, 5, True), (211, 5, True), (293, 3, True), (384, 3, True), (512, 2, True),
+    # fused d_act: 128 x 128 tiles, beside where the even-rounds grid frees >= 8 of 132 SMs
+    (997, 1, True),     # 88 tiles: 44 SMs free
+    (1321, 1, True),    # 121 tiles: 11 free
+    (2053, 1, True),    # 187 tiles, 2 rounds on 94 CTAs
+    (3072, 1, False),   # 264 tiles: 2 full rounds, nothing free
+    (6144, 1, False),   # 528 tiles: 4 full rounds
+    (8192, 1, True)])   # 704 tiles, 6 rounds on 118 CTAs
+def test_d_act_pieces_and_router_place(plan_of, T, splits, beside):
+    p = plan_of(T)
+    assert (p.act_splits, p.act_fused, p.router_beside) == (splits, splits == 1, beside)
+
+
+def test_one_stream_puts_the_router_first(plan_of, monkeypatch):
+    from cupy_moe.gpu import sol080
+
+    monkeypatch.setattr(sol080, "CONCURRENT", False)
+    assert [plan_of(T).router_beside for T in (192, 2053, 8192)] == [False] * 3
+    assert plan_of(192).act_splits == 6  # all the pieces k_splits_for gives: no room to leave
