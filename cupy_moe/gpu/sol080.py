@@ -86,7 +86,8 @@ class _Inputs(NamedTuple):
 
 @dataclass(frozen=True)
 class _Plan:
-    """How a call's two long-reduction GEMMs run (a function of shapes and alignment only).
+    """How a call's two long-reduction GEMMs and the router kernel run (a function of shapes,
+    alignment and the SM count).
     act_splits / dgrad_splits > 1: split-K into fp32 pieces summed by a small kernel (few output
     tiles at small T, gemm.k_splits_for); act_fused: else the SwiGLU backward in d_act's epilogue.
     router_beside: the router kernel runs beside d_act on SMs d_act leaves free (at least
