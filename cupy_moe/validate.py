@@ -75,20 +75,15 @@ class IndexCheck:
         self.finish, self.cancel, self.kernel_args, self.settle = finish, cancel, kernel_args, settle
 
 
-def check_topk_indices(name: str, idx, n_experts: int, defer: bool = False):
+def check_topk_indices(name: str, idx, n_experts: int) -> None:
     """Every index in [0, n_experts) and no index repeated within a row.
 
-    On the GPU path one small kernel checks all rows and the host reads back two ints (one
-    sync); only when a row is bad is that row copied back to word the error. defer=True launches
-    the check and returns its IndexCheck: the caller enqueues its work with the check's cancel
-    word (kernels that find it set do nothing), then calls finish(), which raises before any
-    result is returned; the GPU never waits for the host between the check and the work.
+    On the GPU path one small kernel checks all rows and the host waits for its verdict (two
+    ints in host-mapped memory); only when a row is bad is that row copied back to word the
+    error. (SOL-080's GPU path instead runs the check in its own first kernel and waits after
+    enqueueing its work: topk_check_in_kernel.)
     """
-    check = _topk_check(name, idx, n_experts)
-    if defer:
-        return check
-    check.finish()
-    return None
+    _topk_check(name, idx, n_experts).finish()
 
 
 def topk_check_in_kernel(name: str, idx, n_experts: int) -> IndexCheck:
