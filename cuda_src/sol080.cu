@@ -219,14 +219,10 @@ sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ top
 
     // The index check, spread over the lanes: slot k is range-checked and compared with the
     // earlier slots by lane k % 32.
-    bool out_of_range = false, repeated = false;
-    for (int k = lane; k < K; k += 32) {
-      const i64 e = r.idx[k];
-      out_of_range |= e < 0 || e >= E;
-      for (int j = 0; j < k; ++j) repeated |= r.idx[j] == e;
-    }
-    out_of_range = __any_sync(0xffffffffu, out_of_range);
-    repeated = __any_sync(0xffffffffu, repeated);
+    TopkRowFaults f;
+    for (int k = lane; k < K; k += 32) add_topk_slot_faults(f, r.idx, k, E);
+    const bool out_of_range = __any_sync(0xffffffffu, f.out_of_range);
+    const bool repeated = __any_sync(0xffffffffu, f.repeated);
     if (lane == 0 && out_of_range) atomicMin(&first_bad[0], t);
     if (lane == 0 && repeated) atomicMin(&first_bad[1], t);
 
