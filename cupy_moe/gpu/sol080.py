@@ -217,15 +217,17 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
     _finish_dgrad(grad_h, ws, plan, cancel)
     # The router wgrad goes on the branch that ends first: the side one at small T, where the
     # main branch carries split-K pieces and their sums, the main one otherwise.
+    router_wgrad = lambda: router.weight_gradient(ws.hi, ws.lo, inputs.x, grad_router, ws.partial,
+                                                  cancel)
     wgrad_on_side = side is not None and plan.act_splits > 1
     if not wgrad_on_side:
-        router.weight_gradient(ws.hi, ws.lo, inputs.x, grad_router, ws.partial, cancel)
+        router_wgrad()
     with side.stream if side else main:
         if side:
             side.stream.wait_event(side.d_act_done)
         gemm(**wgu_grad)
         if wgrad_on_side:
-            router.weight_gradient(ws.hi, ws.lo, inputs.x, grad_router, ws.partial, cancel)
+            router_wgrad()
         if side:
             side.join.record()
     if side:
