@@ -4,16 +4,59 @@
 // t = bf16(d_act * up); d_up = bf16(d_act * bf16(silu(gate))); d_gate = bf16(t * sig * (1 + gate (1 - sig))).
 // Inputs are [T, I]; row t of the output is [d_gate(t) | d_up(t)] ([T, 2I]), so that one GEMM
 // gives both weight gradients and the dgrad reads both halves as two K segments.
+__device__ __forceinline__ void contract_swiglu_grad(float da, float gv, float uv, float& dg, float& du) {
+  const float t = round_bf16(da * uv);
+  const float sig = sigmoid_f32(gv);
+  du = da * round_bf16(gv * sig);
+  dg = t * sig * (1.f + gv * (1.f - sig));
+}
+
+__device__ __forceinline__ i64 d_gate_at(i64 i, int I) {  // element i of [T, I] -> its d_gate in [T, 2I]
+  const i64 row = i / I;
+  return row * 2 * I + (i - row * I);
+}
+
 __device__ __forceinline__ void contract_swiglu_backward(float da, i64 i, const bf16_t* __restrict__ gate,
                                                          const bf16_t* __restrict__ up,
                                                          bf16_t* __restrict__ d_gate_up, int I) {
-  const float gv = bf16_to_f32(gate[i]), uv = bf16_to_f32(up[i]);
-  const float t = round_bf16(da * uv);
-  const float sig = sigmoid_f32(gv);
-  const i64 row = i / I, out = row * 2 * I + (i - row * I);
-  d_gate_up[out + I] = f32_to_bf16(da * round_bf16(gv * sig));
-  d_gate_up[out] = f32_to_bf16(t * sig * (1.f + gv * (1.f - sig)));
+  float dg, du;
+  contract_swiglu_grad(da, bf16_to_f32(gate[i]), bf16_to_f32(up[i]), dg, du);
+  const i64 out = d_gate_at(i, I);
+  d_gate_up[out + I] = f32_to_bf16(du);
+  d_gate_up[out] = f32_to_bf16(dg);
 }
+
+// Eight elements i .. i + 7 of one row (I % 8 == 0, every array 16-byte aligned): one 16-byte
+// load of gate and of up, one 16-byte store of d_gate and of d_up.
+__device__ __forceinline__ void contract_swiglu_backward_x8(const float (&da)[8], i64 i,
+                                                            const bf16_t* __restrict__ gate,
+                                                            const bf16_t* __restrict__ up,
+                                                            bf16_t* __restrict__ d_gate_up, int I) {
+  const uint4 g4 = *(const uint4*)(gate + i), u4 = *(const uint4*)(up + i);
+  const u32 gw[4] = {g4.x, g4.y, g4.z, g4.w}, uw[4] = {u4.x, u4.y, u4.z, u4.w};
+  u32 dgw[4], duw[4];
+  #pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    float dg[2], du[2];
+    #pragma unroll
+    for (int h = 0; h < 2; ++h)
+      contract_swiglu_grad(da[2 * q + h], bf16_to_f32((bf16_t)(gw[q] >> (16 * h))),
+                           bf16_to_f32((bf16_t)(uw[q] >> (16 * h))), dg[h], du[h]);
+    dgw[q] = pack_bf16x2(dg[0], dg[1]);
+    duw[q] = pack_bf16x2(du[0], du[1]);
+  }
+  const i64 out = d_gate_at(i, I);
+  *(uint4*)(d_gate_up + out) = make_uint4(dgw[0], dgw[1], dgw[2], dgw[3]);
+  *(uint4*)(d_gate_up + out + I) = make_uint4(duw[0], duw[1], duw[2], duw[3]);
+}
+
+__device__ __forceinline__ bool aligned16(const void* p) { return ((unsigned long long)p & 15) == 0; }
+
+// Grid-stride loops over 8-element chunks when the rows allow 16-byte accesses, else elements.
+#define FOR_EACH_CHUNK8(v, n) \
+  for (i64 v = (i64)blockIdx.x * blockDim.x + threadIdx.x; v < (n) / 8; v += (i64)gridDim.x * blockDim.x)
+#define FOR_EACH_ELEMENT(i, n) \
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
 
 extern "C" __global__ void sol080_swiglu_backward(const bf16_t* __restrict__ d_act,
                                                   const bf16_t* __restrict__ gate,
@@ -21,8 +64,18 @@ extern "C" __global__ void sol080_swiglu_backward(const bf16_t* __restrict__ d_a
                                                   bf16_t* __restrict__ d_gate_up, int I, i64 n,
                                                   const int* cancel) {
   if (cancelled(cancel)) return;
-  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
-    contract_swiglu_backward(bf16_to_f32(d_act[i]), i, gate, up, d_gate_up, I);
+  if (I % 8 == 0 && aligned16(d_act) && aligned16(gate) && aligned16(up) && aligned16(d_gate_up)) {
+    FOR_EACH_CHUNK8(v, n) {
+      const uint4 a4 = ((const uint4*)d_act)[v];
+      const u32 aw[4] = {a4.x, a4.y, a4.z, a4.w};
+      float da[8];
+      #pragma unroll
+      for (int e = 0; e < 8; ++e) da[e] = bf16_to_f32((bf16_t)(aw[e / 2] >> (16 * (e % 2))));
+      contract_swiglu_backward_x8(da, 8 * v, gate, up, d_gate_up, I);
+    }
+    return;
+  }
+  FOR_EACH_ELEMENT(i, n) contract_swiglu_backward(bf16_to_f32(d_act[i]), i, gate, up, d_gate_up, I);
 }
 
 // The same from d_act's split-K pieces (fp32 [pieces][n]): d_act = bf16(their sum, in order).
@@ -32,7 +85,17 @@ extern "C" __global__ void sol080_swiglu_backward_pieces(const float* __restrict
                                                          bf16_t* __restrict__ d_gate_up, int I, i64 n,
                                                          const int* cancel) {
   if (cancelled(cancel)) return;
-  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+  if (I % 8 == 0 && aligned16(d_act_pieces) && aligned16(gate) && aligned16(up) && aligned16(d_gate_up)) {
+    FOR_EACH_CHUNK8(v, n) {
+      float da[8];
+      sum_of_pieces_x8(d_act_pieces, pieces, n, 8 * v, da);
+      #pragma unroll
+      for (int e = 0; e < 8; ++e) da[e] = round_bf16(da[e]);
+      contract_swiglu_backward_x8(da, 8 * v, gate, up, d_gate_up, I);
+    }
+    return;
+  }
+  FOR_EACH_ELEMENT(i, n)
     contract_swiglu_backward(round_bf16(sum_of_pieces(d_act_pieces, pieces, n, i)), i, gate, up,
                              d_gate_up, I);
 }
@@ -41,8 +104,16 @@ extern "C" __global__ void sol080_swiglu_backward_pieces(const float* __restrict
 extern "C" __global__ void sum_pieces_bf16(const float* __restrict__ pieces_, int pieces, i64 n,
                                            bf16_t* __restrict__ out, const int* cancel) {
   if (cancelled(cancel)) return;
-  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
-    out[i] = f32_to_bf16(sum_of_pieces(pieces_, pieces, n, i));
+  if (n % 8 == 0 && aligned16(pieces_) && aligned16(out)) {
+    FOR_EACH_CHUNK8(v, n) {
+      float s[8];
+      sum_of_pieces_x8(pieces_, pieces, n, 8 * v, s);
+      ((uint4*)out)[v] = make_uint4(pack_bf16x2(s[0], s[1]), pack_bf16x2(s[2], s[3]),
+                                    pack_bf16x2(s[4], s[5]), pack_bf16x2(s[6], s[7]));
+    }
+    return;
+  }
+  FOR_EACH_ELEMENT(i, n) out[i] = f32_to_bf16(sum_of_pieces(pieces_, pieces, n, i));
 }
 
 // One warp per token, kRouterWarps tokens per block. The kernel also runs the call's top-k index
@@ -148,14 +219,10 @@ sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ top
 
     // The index check, spread over the lanes: slot k is range-checked and compared with the
     // earlier slots by lane k % 32.
-    bool out_of_range = false, repeated = false;
-    for (int k = lane; k < K; k += 32) {
-      const i64 e = r.idx[k];
-      out_of_range |= e < 0 || e >= E;
-      for (int j = 0; j < k; ++j) repeated |= r.idx[j] == e;
-    }
-    out_of_range = __any_sync(0xffffffffu, out_of_range);
-    repeated = __any_sync(0xffffffffu, repeated);
+    TopkRowFaults f;
+    for (int k = lane; k < K; k += 32) add_topk_slot_faults(f, r.idx, k, E);
+    const bool out_of_range = __any_sync(0xffffffffu, f.out_of_range);
+    const bool repeated = __any_sync(0xffffffffu, f.repeated);
     if (lane == 0 && out_of_range) atomicMin(&first_bad[0], t);
     if (lane == 0 && repeated) atomicMin(&first_bad[1], t);
 

@@ -55,3 +55,11 @@ def test_one_stream_puts_the_router_first(plan_of, monkeypatch):
     monkeypatch.setattr(sol080, "CONCURRENT", False)
     assert [plan_of(T).router_beside for T in (192, 2053, 8192)] == [False] * 3
     assert plan_of(192).act_splits == 6  # all the pieces k_splits_for gives: no room to leave
+
+
+def test_the_unfused_ab_knob_keeps_the_router_beside(plan_of, monkeypatch):
+    from cupy_moe.gpu import sol080
+
+    monkeypatch.setattr(sol080, "FUSED_D_ACT", False)
+    p = plan_of(8192)
+    assert (p.act_splits, p.act_fused, p.router_beside) == (1, False, True)

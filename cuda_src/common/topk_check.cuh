@@ -23,14 +23,18 @@ struct TopkRowFaults {
   bool out_of_range = false, repeated = false;
 };
 
-// Pairwise: K is small (the experts per token).
+// Slot k of a row: its expert outside [0, E), or the same as an earlier slot's (pairwise: K, the
+// experts per token, is small). Folded into f.
+__device__ __forceinline__ void add_topk_slot_faults(TopkRowFaults& f, const i64* __restrict__ row,
+                                                     int k, int E) {
+  const i64 e = row[k];
+  f.out_of_range |= e < 0 || e >= E;
+  for (int j = 0; j < k; ++j) f.repeated |= row[j] == e;
+}
+
 __device__ __forceinline__ TopkRowFaults topk_row_faults(const i64* __restrict__ row, int K, int E) {
   TopkRowFaults f;
-  for (int k = 0; k < K; ++k) {
-    const i64 e = row[k];
-    f.out_of_range |= e < 0 || e >= E;
-    for (int j = 0; j < k; ++j) f.repeated |= row[j] == e;
-  }
+  for (int k = 0; k < K; ++k) add_topk_slot_faults(f, row, k, E);
   return f;
 }
 

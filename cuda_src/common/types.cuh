@@ -50,3 +50,16 @@ __device__ __forceinline__ float sum_of_pieces(const float* __restrict__ pieces,
   for (int s = 1; s < count; ++s) acc += pieces[s * n + i];
   return acc;
 }
+
+// Elements i .. i + 7 of the same sum (n % 8 == 0, pieces 16-byte aligned): 16-byte loads.
+__device__ __forceinline__ void sum_of_pieces_x8(const float* __restrict__ pieces, int count, i64 n, i64 i,
+                                                 float (&out)[8]) {
+  float4 a = *(const float4*)(pieces + i), b = *(const float4*)(pieces + i + 4);
+  for (int s = 1; s < count; ++s) {
+    const float4 c = *(const float4*)(pieces + s * n + i), d = *(const float4*)(pieces + s * n + i + 4);
+    a.x += c.x; a.y += c.y; a.z += c.z; a.w += c.w;
+    b.x += d.x; b.y += d.y; b.z += d.z; b.w += d.w;
+  }
+  out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+  out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+}

@@ -40,6 +40,9 @@ from .gemm import (Segment, SwigluBackward, device_sms, even_round_ctas, gemm, k
                    sm90_applies)
 
 CONCURRENT = os.environ.get("CUPY_MOE_SOL080_STREAMS", "1") != "0"
+# A/B only: 0 runs d_act as a plain GEMM and the SwiGLU backward as an elementwise kernel, where
+# the fused epilogue would run (it costs ~27% over the plain GEMM at large T: bench/NOTES.md v0.6).
+FUSED_D_ACT = os.environ.get("CUPY_MOE_SOL080_FUSED_D_ACT", "1") != "0"
 _side = {}  # (device, stream) -> _Side
 
 
@@ -91,7 +94,7 @@ class _Plan:
     act_splits / dgrad_splits > 1: split-K into fp32 pieces summed by a small kernel (few output
     tiles at small T, gemm.k_splits_for); act_fused: else the SwiGLU backward in d_act's epilogue.
     router_beside: the router kernel runs beside d_act on SMs d_act leaves free (at least
-    _ROUTER_SMS), instead of alone before it: the fused d_act on the fewest CTAs that keep its
+    _ROUTER_SMS), instead of alone before it: the whole d_act on the fewest CTAs that keep its
     rounds (gemm's even_rounds), a split one in fewer pieces."""
 
     act_splits: int
@@ -109,10 +112,10 @@ class _Plan:
         dgrad_on_sm90 = sm90_applies(T, H, [Segment(2 * I, 2 * I, wu, H, k=I), Segment(0, 2 * I, wg, H, k=I),
                                             Segment(0, E, wr, H, k=E)], True, False)
         act_splits = k_splits_for(T, I, H) if d_act_on_sm90 else 1
-        act_fused = d_act_on_sm90 and act_splits == 1
+        act_fused = d_act_on_sm90 and act_splits == 1 and FUSED_D_ACT
         sms = device_sms()
         d_act_tiles = cdiv(T, _D_ACT_TILE) * cdiv(I, _D_ACT_TILE)
-        router_beside = CONCURRENT and act_fused and (
+        router_beside = CONCURRENT and d_act_on_sm90 and act_splits == 1 and (
             sms - even_round_ctas(d_act_tiles, sms) >= _ROUTER_SMS)
         if CONCURRENT and act_splits > 1:
             # Split d_act fills the SMs in one round: with fewer pieces it leaves the router
@@ -126,7 +129,7 @@ class _Plan:
                    router_beside=router_beside)
 
 
-_D_ACT_TILE = 128  # the fused d_act's tile edge (Sm90Config.choose: staged epilogue -> 128 x 128)
+_D_ACT_TILE = 128  # d_act's tile edge (Sm90Config.choose: 128 x 128 for n = 1408, fused or not)
 _ROUTER_SMS = 8    # fewest free SMs the router kernel runs beside d_act on (else it goes first)
 
 
@@ -168,8 +171,9 @@ def sol080_backward(g, x, wr, bias, logits, scores, idx, tw, mask, wg, wu, wd, g
     inputs = _Inputs(g, x, wr, scores, idx, tw, mask, wg, wu, wd, gate, up, act)
     outputs = (grad_h, grad_router, grad_wgu, grad_wd)
     check = validate.topk_check_in_kernel("topk_indices", idx, E)
-    key = ("sol080", T, H, I, E, idx.shape[1], check.cancel) + tuple(a.data.ptr for a in inputs + outputs)
     plan = _Plan.of(g, wr, wg, wu, wd, gate)
+    key = ("sol080", T, H, I, E, idx.shape[1], check.cancel, plan) + tuple(
+        a.data.ptr for a in inputs + outputs)
     try:
         graphs.run(key, lambda: _Workspace.allocate(T, H, I, E, plan),
                    lambda ws: _enqueue(inputs, outputs, ws, plan, check))
@@ -213,15 +217,17 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
     _finish_dgrad(grad_h, ws, plan, cancel)
     # The router wgrad goes on the branch that ends first: the side one at small T, where the
     # main branch carries split-K pieces and their sums, the main one otherwise.
+    router_wgrad = lambda: router.weight_gradient(ws.hi, ws.lo, inputs.x, grad_router, ws.partial,
+                                                  cancel)
     wgrad_on_side = side is not None and plan.act_splits > 1
     if not wgrad_on_side:
-        router.weight_gradient(ws.hi, ws.lo, inputs.x, grad_router, ws.partial, cancel)
+        router_wgrad()
     with side.stream if side else main:
         if side:
             side.stream.wait_event(side.d_act_done)
         gemm(**wgu_grad)
         if wgrad_on_side:
-            router.weight_gradient(ws.hi, ws.lo, inputs.x, grad_router, ws.partial, cancel)
+            router_wgrad()
         if side:
             side.join.record()
     if side:
