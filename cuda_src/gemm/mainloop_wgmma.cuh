@@ -393,7 +393,7 @@ __device__ __forceinline__ void swiglu_epilogue_warps(const GemmSm90Params& P,
         g2[q] = ok ? __ldg((const uint2*)(gate + at)) : make_uint2(0, 0);
         u2[q] = ok ? __ldg((const uint2*)(up + at)) : make_uint2(0, 0);
         a2[q] = ok && routed ? __ldg((const uint2*)(act + at)) : make_uint2(0, 0);
-        w[q] = swiglu_row_weight(p, row, r < rows ? tc.m_hi : row);
+        w[q] = r < rows ? swiglu_row_weight(p, row, tc.m_hi) : 1.f;
       }
       #pragma unroll
       for (int q = 0; q < R; ++q) {
@@ -614,7 +614,7 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
     if constexpr (!L::E_STAGED) setmaxnreg_inc<L::CONSUMER_REGS>();
     const int c = tid - PRODUCER_THREADS;
     consumer<Cfg>(P, sched, smem, full, empty, turn, epi_bar, c / 128, c % 128);
-  } else {  // the epilogue warpgroup
+  } else if constexpr (L::E_STAGED) {  // the epilogue warpgroup (no threads past MAIN_THREADS otherwise)
     swiglu_epilogue_warps<Cfg>(P, sched, smem + L::DACC, epi_bar, 3 + (tid - MAIN_THREADS) / 32, tid % 32);
   }
 }
