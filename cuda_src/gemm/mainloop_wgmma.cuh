@@ -363,64 +363,86 @@ __device__ __forceinline__ void stage_accumulators(const float (&acc)[Cfg::BN / 
 }
 
 // The epilogue warps (ew = 0 .. E_WARPS - 1): for every tile of the CTA, once the consumers have
-// staged its da', rows ew * R, ew * R + E_WARPS * R, ... (R at a time, loads first), one row per
-// warp, 4 columns per lane: dg, du (and aw = bf16(w a), one partial of <da', a> per row and tile)
-// from gate, up (and act), 8-byte loads and stores, coalesced along the row. Then the buffer is
+// staged its da', rows ew * R, ew * R + E_WARPS * R, ... (R at a time), one row per warp, 4
+// columns per lane: dg, du (and aw = bf16(w a), one partial of <da', a> per row and tile) from
+// gate, up (and act), 8-byte loads and stores, coalesced along the row. Then the buffer is
 // handed back. Columns past n and rows past the tile's group are neither read nor written.
+// The operands of the next R rows load while the current ones are computed, and a tile's first
+// rows before its da' is staged (they do not depend on it). What these warps still cost the main
+// loop is mostly their math's issue slots (SOL-080 d_act at T = 8192: 183 us, 145 without the
+// work, 163 without the math; bench/NOTES.md v0.7).
+template <class Cfg>
+struct EpilogueRows {
+  static constexpr int R = 4;  // rows per batch; two batches in flight per warp
+  uint2 g2[R], u2[R], a2[R];
+  float w[R];
+
+  __device__ __forceinline__ void load(const GemmParams& p, const Tile& tc, int r0, int rows, int col) {
+    const bool routed = p.e_aw != nullptr, col_ok = col < p.n;
+    const bf16_t *gate = (const bf16_t*)p.e_gate, *up = (const bf16_t*)p.e_up, *act = (const bf16_t*)p.e_act;
+    #pragma unroll
+    for (int q = 0; q < R; ++q) {
+      const int r = r0 + q, row = tc.m0 + r;
+      const bool ok = r < rows && col_ok;
+      const i64 at = (i64)row * p.ldc + col;
+      g2[q] = ok ? __ldg((const uint2*)(gate + at)) : make_uint2(0, 0);
+      u2[q] = ok ? __ldg((const uint2*)(up + at)) : make_uint2(0, 0);
+      a2[q] = ok && routed ? __ldg((const uint2*)(act + at)) : make_uint2(0, 0);
+      w[q] = r < rows ? swiglu_row_weight(p, row, tc.m_hi) : 1.f;
+    }
+  }
+
+  __device__ __forceinline__ void finish(const GemmParams& p, const Tile& tc, const u8* dacc, int r0, int rows,
+                                         int col, int lane) const {
+    const bool routed = p.e_aw != nullptr, contract = p.e_contract != 0, col_ok = col < p.n;
+    const i64 ld_grad = p.e_ld_grad ? p.e_ld_grad : p.ldc;
+    #pragma unroll
+    for (int q = 0; q < R; ++q) {
+      const int r = r0 + q, row = tc.m0 + r;
+      if (r >= rows) break;  // the same for the whole warp
+      const float4 d = *(const float4*)(dacc + dacc_offset(r, lane));
+      const float lo[2] = {d.x, d.y}, hi[2] = {d.z, d.w};
+      uint2 dg, du;
+      swiglu_grad_pair(lo, g2[q].x, u2[q].x, w[q], contract, dg.x, du.x);
+      swiglu_grad_pair(hi, g2[q].y, u2[q].y, w[q], contract, dg.y, du.y);
+      const i64 at = (i64)row * p.ldc + col, at_grad = (i64)row * ld_grad + col;
+      if (col_ok) {
+        *(uint2*)((bf16_t*)p.e_dg + at_grad) = dg;
+        *(uint2*)((bf16_t*)p.e_du + at_grad) = du;
+      }
+      if (routed) {  // act is zero past n: no term in the dot
+        const float a[4] = {bf16_to_f32(a2[q].x & 0xffff), bf16_to_f32(a2[q].x >> 16),
+                            bf16_to_f32(a2[q].y & 0xffff), bf16_to_f32(a2[q].y >> 16)};
+        if (col_ok)
+          *(uint2*)((bf16_t*)p.e_aw + at) = make_uint2(pack_bf16x2(w[q] * a[0], w[q] * a[1]),
+                                                       pack_bf16x2(w[q] * a[2], w[q] * a[3]));
+        float dot = (d.x * a[0] + d.y * a[1]) + (d.z * a[2] + d.w * a[3]);
+        #pragma unroll
+        for (int s = 16; s > 0; s >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, s);
+        if (lane == 0 && p.e_row_partial) p.e_row_partial[(i64)row * p.e_partial_ld + tc.n0 / Cfg::BN] = dot;
+      }
+    }
+  }
+};
+
 template <class Cfg>
 __device__ __forceinline__ void swiglu_epilogue_warps(const GemmSm90Params& P,
                                                       const Scheduler<Cfg>& sched,
                                                       const u8* dacc, u64* epi_bar, int ew, int lane) {
   using L = Plan<Cfg>;
-  constexpr int R = 6;  // rows in flight per warp: global latency is what bounds these warps
+  using Rows = EpilogueRows<Cfg>;
+  constexpr int STEP = L::E_WARPS * Rows::R;
   const GemmParams& p = P.base;
-  const bool routed = p.e_aw != nullptr, contract = p.e_contract != 0;
-  const i64 ld_grad = p.e_ld_grad ? p.e_ld_grad : p.ldc;
-  const bf16_t *gate = (const bf16_t*)p.e_gate, *up = (const bf16_t*)p.e_up, *act = (const bf16_t*)p.e_act;
   for (int t = blockIdx.x, j = 0; t < sched.total; t += gridDim.x, ++j) {
     const Tile tc = sched.tile(t);
     const int rows = min(BM, tc.m_hi - tc.m0), col = tc.n0 + 4 * lane;
-    const bool col_ok = col < p.n;
+    Rows cur, next;
+    cur.load(p, tc, ew * Rows::R, rows, col);  // before da' is staged: they do not depend on it
     mbar_wait(&epi_bar[0], j & 1);
-    for (int r0 = ew * R; r0 < rows; r0 += L::E_WARPS * R) {
-      uint2 g2[R], u2[R], a2[R];
-      float w[R];
-      #pragma unroll
-      for (int q = 0; q < R; ++q) {
-        const int r = r0 + q, row = tc.m0 + r;
-        const bool ok = r < rows && col_ok;
-        const i64 at = (i64)row * p.ldc + col;
-        g2[q] = ok ? __ldg((const uint2*)(gate + at)) : make_uint2(0, 0);
-        u2[q] = ok ? __ldg((const uint2*)(up + at)) : make_uint2(0, 0);
-        a2[q] = ok && routed ? __ldg((const uint2*)(act + at)) : make_uint2(0, 0);
-        w[q] = r < rows ? swiglu_row_weight(p, row, tc.m_hi) : 1.f;
-      }
-      #pragma unroll
-      for (int q = 0; q < R; ++q) {
-        const int r = r0 + q, row = tc.m0 + r;
-        if (r >= rows) break;  // the same for the whole warp
-        const float4 d = *(const float4*)(dacc + dacc_offset(r, lane));
-        const float lo[2] = {d.x, d.y}, hi[2] = {d.z, d.w};
-        uint2 dg, du;
-        swiglu_grad_pair(lo, g2[q].x, u2[q].x, w[q], contract, dg.x, du.x);
-        swiglu_grad_pair(hi, g2[q].y, u2[q].y, w[q], contract, dg.y, du.y);
-        const i64 at = (i64)row * p.ldc + col, at_grad = (i64)row * ld_grad + col;
-        if (col_ok) {
-          *(uint2*)((bf16_t*)p.e_dg + at_grad) = dg;
-          *(uint2*)((bf16_t*)p.e_du + at_grad) = du;
-        }
-        if (routed) {  // act is zero past n: no term in the dot
-          const float a[4] = {bf16_to_f32(a2[q].x & 0xffff), bf16_to_f32(a2[q].x >> 16),
-                              bf16_to_f32(a2[q].y & 0xffff), bf16_to_f32(a2[q].y >> 16)};
-          if (col_ok)
-            *(uint2*)((bf16_t*)p.e_aw + at) = make_uint2(pack_bf16x2(w[q] * a[0], w[q] * a[1]),
-                                                         pack_bf16x2(w[q] * a[2], w[q] * a[3]));
-          float dot = (d.x * a[0] + d.y * a[1]) + (d.z * a[2] + d.w * a[3]);
-          #pragma unroll
-          for (int s = 16; s > 0; s >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, s);
-          if (lane == 0 && p.e_row_partial) p.e_row_partial[(i64)row * p.e_partial_ld + tc.n0 / Cfg::BN] = dot;
-        }
-      }
+    for (int r0 = ew * Rows::R; r0 < rows; r0 += STEP) {
+      if (r0 + STEP < rows) next.load(p, tc, r0 + STEP, rows, col);
+      cur.finish(p, tc, dacc, r0, rows, col, lane);
+      cur = next;
     }
     mbar_arrive(&epi_bar[1]);  // this thread's reads of the buffer are done
   }
