@@ -56,7 +56,8 @@ struct Plan {
   // SwiGLU backward with E_STAGED: the consumers leave each tile's fp32 accumulators (da') in
   // this buffer and go on with the next tile; E_WARPS epilogue warps (the producer warpgroup's
   // spare warps 1..3 and a fourth warpgroup) turn them into dg, du (and aw, dw) meanwhile,
-  // reading gate, up (and act) from global memory. Their loads' latency bounds them, hence 7.
+  // reading gate, up (and act) from global memory. (Their cost to the main loop is mostly their
+  // math's issue slots, not their loads' latency: bench/NOTES.md v0.7.)
   static constexpr bool E_STAGED = Cfg::E_STAGED;
   static constexpr int E_WARPS = E_STAGED ? 3 + 4 : 0;
   static constexpr int THREADS = MAIN_THREADS + (E_STAGED ? 128 : 0);
