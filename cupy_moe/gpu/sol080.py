@@ -12,17 +12,20 @@ concatenated reduction, accumulated in fp32 and rounded once (within the pass ru
 rounds each to bf16 first).
 
 The launches form a small DAG over two streams (fork/join by events, captured as graph branches):
-    main: router kernel (+ the top-k index check) | d_act GEMM (+ SwiGLU backward) .. dgrad
-          [d_gate | d_up | bf16(grl)] @ [Wg; Wu; Wr] .. router wgrad (T above the split-K range)
-    side:                                         | grad_Wd = g^T act .. grad_[Wg; Wu] =
+    main: d_act GEMM (+ SwiGLU backward) .. dgrad [d_gate | d_up | bf16(grl)] @ [Wg; Wu; Wr]
+          .. router wgrad (T above the split-K range)
+    side: router kernel (+ the top-k index check) .. grad_Wd = g^T act .. grad_[Wg; Wu] =
           [d_gate | d_up]^T x .. router wgrad (split-K range)
-The router kernel goes first, alone: it runs the call's index check, whose verdict every later
-launch reads, and a router kernel queued beside d_act would wait for d_act's SMs (every GEMM CTA
-takes a whole SM's registers) and hold back the dgrad. grad_Wd needs neither d_act nor the
-router, so it starts as the d_act GEMM's last wave leaves SMs free, as grad_[Wg; Wu] beside the
-dgrad. The router wgrad ends whichever branch would end first (bench/NOTES.md v0.6). Holding
-two GEMMs to disjoint SM budgets, chosen by a tile-time model, measured no better (v0.5).
-CUPY_MOE_SOL080_STREAMS=0 keeps everything on one stream.
+The router kernel runs the call's index check, whose verdict every later launch reads. It runs
+beside d_act where d_act leaves it at least 8 SMs (_Plan.router_beside: d_act on the fewest CTAs
+that keep its rounds, or split in fewer pieces); every GEMM CTA takes a whole SM's registers, so
+a router queued beside a d_act that fills the SMs would wait for it and hold back the dgrad:
+there (T = 3072, 6144) it goes first, alone, on the main stream. d_act reads no routing, so it
+does not wait for the verdict when the router runs beside it. grad_Wd needs neither d_act nor
+the router, so it takes the SMs d_act's last round leaves, as grad_[Wg; Wu] beside the dgrad.
+The router wgrad ends whichever branch would end first (bench/NOTES.md v0.6). Holding two GEMMs
+to disjoint SM budgets, chosen by a tile-time model, measured no better (v0.5).
+CUPY_MOE_SOL080_STREAMS=0 keeps everything on one stream (the router kernel first).
 """
 from __future__ import annotations
 
