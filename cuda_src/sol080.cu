@@ -142,10 +142,10 @@ __device__ __forceinline__ float sum_squares_bf16x8(uint4 v) {
   return s;
 }
 
-__device__ __forceinline__ float row_sum_squares(const bf16_t* __restrict__ row, int H, bool aligned16,
+__device__ __forceinline__ float row_sum_squares(const bf16_t* __restrict__ row, int H, bool vector16,
                                                  int lane) {
   float sq = 0.f;
-  if (aligned16) {
+  if (vector16) {
     const uint4* row16 = (const uint4*)row;
     const int n16 = H / 8;
     int c = lane;
