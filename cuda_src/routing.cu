@@ -7,6 +7,7 @@ constexpr int kChunk = 2048;  // slots per chunk (one block in histogram and pla
 
 extern "C" __global__ void routing_histogram(const i64* __restrict__ topk_idx, int n_slots, int E,
                                              int* __restrict__ chunk_counts) {
+  wait_prior_grids();
   extern __shared__ int hist[];
   for (int e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
   __syncthreads();
@@ -22,6 +23,7 @@ extern "C" __global__ void routing_histogram(const i64* __restrict__ topk_idx, i
 extern "C" __global__ void routing_scan(const int* __restrict__ chunk_counts, int chunks, int E,
                                         int* __restrict__ chunk_base, int* __restrict__ expert_offsets,
                                         i64* __restrict__ tokens_per_expert) {
+  wait_prior_grids();
   extern __shared__ int totals[];
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
     int sum = 0;
@@ -50,6 +52,7 @@ extern "C" __global__ void routing_scan(const int* __restrict__ chunk_counts, in
 extern "C" __global__ void routing_place(const i64* __restrict__ topk_idx, int n_slots, int E,
                                          const int* __restrict__ chunk_base,
                                          int* __restrict__ sorted_slots, int* __restrict__ row_of_slot) {
+  wait_prior_grids();
   extern __shared__ int running[];
   const int lane = threadIdx.x;
   for (int e = lane; e < E; e += 32) running[e] = chunk_base[(i64)blockIdx.x * E + e];
@@ -78,6 +81,7 @@ extern "C" __global__ void routing_place(const i64* __restrict__ topk_idx, int n
 // launches that follow.
 extern "C" __global__ void check_topk_indices(const i64* __restrict__ topk_idx, int T, int K, int E,
                                               int* __restrict__ scratch, volatile int* report) {
+  wait_prior_grids();
   __shared__ int first_bad[2];
   if (threadIdx.x == 0) first_bad[0] = first_bad[1] = kNoRow;
   __syncthreads();

@@ -63,6 +63,7 @@ extern "C" __global__ void sol080_swiglu_backward(const bf16_t* __restrict__ d_a
                                                   const bf16_t* __restrict__ up,
                                                   bf16_t* __restrict__ d_gate_up, int I, i64 n,
                                                   const int* cancel) {
+  wait_prior_grids();
   if (cancelled(cancel)) return;
   if (I % 8 == 0 && aligned16(d_act) && aligned16(gate) && aligned16(up) && aligned16(d_gate_up)) {
     FOR_EACH_CHUNK8(v, n) {
@@ -84,6 +85,7 @@ extern "C" __global__ void sol080_swiglu_backward_pieces(const float* __restrict
                                                          const bf16_t* __restrict__ up,
                                                          bf16_t* __restrict__ d_gate_up, int I, i64 n,
                                                          const int* cancel) {
+  wait_prior_grids();
   if (cancelled(cancel)) return;
   if (I % 8 == 0 && aligned16(d_act_pieces) && aligned16(gate) && aligned16(up) && aligned16(d_gate_up)) {
     FOR_EACH_CHUNK8(v, n) {
@@ -103,6 +105,7 @@ extern "C" __global__ void sol080_swiglu_backward_pieces(const float* __restrict
 // bf16(sum of split-K pieces, in order): fp32 [pieces][n] -> bf16 [n].
 extern "C" __global__ void sum_pieces_bf16(const float* __restrict__ pieces_, int pieces, i64 n,
                                            bf16_t* __restrict__ out, const int* cancel) {
+  wait_prior_grids();
   if (cancelled(cancel)) return;
   if (n % 8 == 0 && aligned16(pieces_) && aligned16(out)) {
     FOR_EACH_CHUNK8(v, n) {
@@ -195,6 +198,7 @@ sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ top
               const float* __restrict__ scores, int T, int H, int E, int K,
               bf16_t* __restrict__ hi, bf16_t* __restrict__ lo,
               int* __restrict__ check_scratch, volatile int* check_report) {
+  wait_prior_grids();
   __shared__ int first_bad[2];
   if (threadIdx.x == 0) first_bad[0] = first_bad[1] = kNoRow;
   __syncthreads();

@@ -5,6 +5,7 @@
 // a = bf16(silu(g) * u), silu(g) = g * sigmoid(g), in fp32 from the stored bf16 g and u.
 extern "C" __global__ void swiglu_forward(const bf16_t* __restrict__ g, const bf16_t* __restrict__ u,
                                           bf16_t* __restrict__ a, i64 n) {
+  wait_prior_grids();
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
     const float gv = bf16_to_f32(g[i]);
     a[i] = f32_to_bf16(gv * sigmoid_f32(gv) * bf16_to_f32(u[i]));
@@ -22,6 +23,7 @@ swiglu_backward(const float* __restrict__ da_unweighted, const bf16_t* __restric
                 const bf16_t* __restrict__ u, const bf16_t* __restrict__ a,
                 const float* __restrict__ weights, const int* __restrict__ row_index, int rows, int I, bf16_t* __restrict__ dg, bf16_t* __restrict__ du,
                 float* __restrict__ dw, bf16_t* __restrict__ aw) {
+  wait_prior_grids();
   __shared__ float partial[kRowThreads];
   const int r = blockIdx.x;
   const float w = weights ? weights[row_index ? row_index[r] : r] : 1.f;

@@ -2,14 +2,54 @@
 
 Every kernel takes plain values or one by-value parameter struct (a ctypes.Structure whose C++
 definition is rendered from it, see _build.render_struct); the driver copies them at launch.
+
+Launches are programmatic dependent launches (cuLaunchKernelEx with the programmatic stream
+serialization attribute): a kernel may be launched while the grid before it on the stream is
+still finishing, and waits in wait_prior_grids() (cuda_src/common/types.cuh), which every kernel
+calls before touching memory, so its launch latency and set-up overlap that grid's tail. Graph
+capture keeps these as programmatic edges. CUPY_MOE_PDL=0 (or PDL = False) launches plainly.
 """
 from __future__ import annotations
 
 import ctypes
+import os
 
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+PDL = os.environ.get("CUPY_MOE_PDL", "1") != "0"
 _smem_set = {}
 _functions = {}  # (module, name) -> CUfunction handle
+
+
+class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id, then a 64-byte union at 8
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared_mem", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)),
+                ("num_attrs", ctypes.c_uint)]
+
+
+_PDL_ATTRIBUTE = _LaunchAttribute(id=_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+_PDL_ATTRIBUTE.value[0] = 1  # programmaticStreamSerializationAllowed
+
+
+def _launch_kernel_ex():
+    """The driver's cuLaunchKernelEx (CUDA 12+), or None where the driver library lacks it."""
+    global _launch_ex
+    if _launch_ex is False:
+        try:
+            f = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
+            f.restype = ctypes.c_int
+            f.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+            _launch_ex = f
+        except (OSError, AttributeError):
+            _launch_ex = None
+    return _launch_ex
+
+
+_launch_ex = False  # not looked up yet
 
 
 def ptr(a) -> ctypes.c_void_p:
@@ -63,5 +103,13 @@ def launch(module, name: str, grid, block, args, shared_mem: int = 0) -> None:
         _smem_set[fn] = shared_mem
     params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
     stream = cupy.cuda.get_current_stream().ptr
-    driver.launchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2],
-                        int(shared_mem), stream, ctypes.addressof(params), 0)
+    launch_ex = _launch_kernel_ex() if PDL else None
+    if launch_ex is None:
+        driver.launchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2],
+                            int(shared_mem), stream, ctypes.addressof(params), 0)
+        return
+    config = _LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), int(shared_mem),
+                           stream, ctypes.pointer(_PDL_ATTRIBUTE), 1)
+    status = launch_ex(ctypes.byref(config), fn, ctypes.addressof(params), None)
+    if status != 0:
+        raise driver.CUDADriverError(status)

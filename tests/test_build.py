@@ -31,6 +31,35 @@ def test_every_entry_is_listed():
     assert sorted(ENTRIES) == _build.entry_files()
 
 
+def kernel_bodies(source: str):
+    """(name, body) of every __global__ function in a .cu source."""
+    import re
+
+    for m in re.finditer(r"__global__\s+void\s+(?:__launch_bounds__\((?:[^()]|\([^()]*\))*\)\s*)?(\w+)\s*\(", source):
+        depth, i = 1, m.end()
+        while depth:
+            depth += {"(": 1, ")": -1}.get(source[i], 0)
+            i += 1
+        start = source.index("{", i) + 1
+        depth, j = 1, start
+        while depth:
+            depth += {"{": 1, "}": -1}.get(source[j], 0)
+            j += 1
+        yield m.group(1), source[start:j - 1]
+
+
+def test_every_kernel_waits_for_prior_grids_first():
+    """_launch launches every kernel as a programmatic dependent launch: a kernel that touched
+    memory before wait_prior_grids() could read what the grid before it has not yet written."""
+    kernels = {}
+    for entry in _build.entry_files():
+        for name, body in kernel_bodies((_build.cuda_src_dir() / entry).read_text()):
+            kernels[name] = body.strip().split(";")[0].strip()
+    assert len(kernels) >= 18 and "gemm_sm90_kernel" in kernels and "sol080_router" in kernels
+    late = {name: first for name, first in kernels.items() if first != "wait_prior_grids()"}
+    assert not late, f"kernels whose first statement is not wait_prior_grids(): {late}"
+
+
 @needs_nvrtc
 @pytest.mark.parametrize("entry", sorted(ENTRIES))
 def test_entry_compiles_for_sm90a_without_spills(entry, tmp_path, monkeypatch):

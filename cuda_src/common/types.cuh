@@ -35,6 +35,17 @@ __device__ __forceinline__ float sigmoid_f32(float z) { return 1.0f / (1.0f + ex
 // tensor cores; the router keeps the exact one (its scores choose experts).
 __device__ __forceinline__ float sigmoid_fast(float z) { return __fdividef(1.0f, 1.0f + __expf(-z)); }
 
+// Programmatic dependent launch: cupy_moe/_launch.py lets a kernel start while the grid before it
+// on the stream is finishing, so its launch and set-up overlap that grid's tail. Every kernel
+// calls this before it reads anything an earlier launch wrote and before it writes anything: it
+// returns once the earlier grids have completed and their memory is visible (a no-op for a
+// launch without the attribute, and before sm_90).
+__device__ __forceinline__ void wait_prior_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // A call whose input check fails still has its launches enqueued (the host reads the check's
 // verdict after enqueueing them, so the GPU never waits on the host): each of them reads the
 // verdict the check kernel left earlier on the same stream, and does nothing when it is set.

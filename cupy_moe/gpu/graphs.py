@@ -29,8 +29,10 @@ def run(key: tuple, make_workspace, enqueue) -> None:
     work only (no host syncs, no allocations that outlive it)."""
     import cupy
 
+    from .. import _launch
+
     stream = cupy.cuda.get_current_stream()
-    key = (cupy.cuda.Device().id, stream.ptr) + key
+    key = (cupy.cuda.Device().id, stream.ptr, _launch.PDL) + key
     entry = _graphs.get(key)
     if entry is not None:
         _graphs.move_to_end(key)

@@ -46,6 +46,12 @@ CONCURRENT = os.environ.get("CUPY_MOE_SOL080_STREAMS", "1") != "0"
 # A/B only: 0 runs d_act as a plain GEMM and the SwiGLU backward as an elementwise kernel, where
 # the fused epilogue would run (it costs ~27% over the plain GEMM at large T: bench/NOTES.md v0.6).
 FUSED_D_ACT = os.environ.get("CUPY_MOE_SOL080_FUSED_D_ACT", "1") != "0"
+# A/B only: the GEMMs (of "wd", "wgu", "dgrad") that take gemm(even_rounds=True), leaving the SMs
+# their last round would not fill to the kernels beside them from the start; and where the router
+# wgrad goes ("auto": the branch that ends first; "side": after grad_[Wg; Wu]; "side-early":
+# after grad_Wd; "early": on the main stream before the dgrad).
+EVEN_ROUNDS = frozenset(filter(None, os.environ.get("CUPY_MOE_SOL080_EVEN_ROUNDS", "").split(",")))
+WGRAD_AT = os.environ.get("CUPY_MOE_SOL080_WGRAD", "auto")
 _side = {}  # (device, stream) -> _Side
 
 
@@ -104,6 +110,8 @@ class _Plan:
     act_fused: bool
     dgrad_splits: int
     router_beside: bool = False
+    even_rounds: frozenset = frozenset()  # EVEN_ROUNDS (A/B)
+    wgrad_at: str = "auto"                # WGRAD_AT (A/B)
 
     @classmethod
     def of(cls, g, wr, wg, wu, wd, gate):
@@ -129,7 +137,7 @@ class _Plan:
                 act_splits, router_beside = min(act_splits, fewer), True
         return cls(act_splits=act_splits, act_fused=act_fused,
                    dgrad_splits=k_splits_for(T, H, 2 * I + E) if dgrad_on_sm90 else 1,
-                   router_beside=router_beside)
+                   router_beside=router_beside, even_rounds=EVEN_ROUNDS, wgrad_at=WGRAD_AT)
 
 
 _D_ACT_TILE = 128  # d_act's tile edge (Sm90Config.choose: 128 x 128 for n = 1408, fused or not)
@@ -198,6 +206,9 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
     # the verdict, and does not need to; after it, it reads the verdict like the rest.
     d_act["cancel"] = None if plan.router_beside else cancel
     d_act["even_rounds"] = plan.router_beside
+    for name, kwargs in (("wd", wd_grad), ("wgu", wgu_grad), ("dgrad", dgrad)):
+        if name in plan.even_rounds and kwargs.get("k_splits", 1) == 1:
+            kwargs["even_rounds"] = True
     main = cp.cuda.get_current_stream()
     side = _Side.of(main) if CONCURRENT else None
     if not plan.router_beside:
@@ -205,6 +216,8 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
     if side is not None:
         side.fork.record(main)
         side.stream.wait_event(side.fork)
+    router_wgrad = lambda: router.weight_gradient(ws.hi, ws.lo, inputs.x, grad_router, ws.partial,
+                                                  cancel)
     gemm(**d_act)
     _finish_d_act(inputs, ws, plan, d_act["cancel"])
     with side.stream if side else main:
@@ -212,18 +225,22 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
             _router_kernel(inputs, ws, check.kernel_args)
             side.router_done.record()
         gemm(**wd_grad)
+        if side and plan.wgrad_at == "side-early":
+            router_wgrad()
     if side:
         side.d_act_done.record(main)
     if plan.router_beside:
         main.wait_event(side.router_done)
+    if plan.wgrad_at == "early":
+        router_wgrad()
     gemm(**dgrad)
     _finish_dgrad(grad_h, ws, plan, cancel)
     # The router wgrad goes on the branch that ends first: the side one at small T, where the
     # main branch carries split-K pieces and their sums, the main one otherwise.
-    router_wgrad = lambda: router.weight_gradient(ws.hi, ws.lo, inputs.x, grad_router, ws.partial,
-                                                  cancel)
-    wgrad_on_side = side is not None and plan.act_splits > 1
-    if not wgrad_on_side:
+    wgrad_on_side = side is not None and (plan.wgrad_at == "side" or
+                                          plan.wgrad_at == "auto" and plan.act_splits > 1)
+    wgrad_done = plan.wgrad_at == "early" or side is not None and plan.wgrad_at == "side-early"
+    if not wgrad_on_side and not wgrad_done:
         router_wgrad()
     with side.stream if side else main:
         if side:

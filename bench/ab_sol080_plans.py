@@ -1,0 +1,71 @@
+"""A/B of SOL-080 plan knobs in one process: every variant on every workload, interleaved per
+workload (two rounds), L2 flushed, median of --reps; each variant's outputs must equal the first
+variant's bit for bit (the knobs move launches between streams and SMs, never the arithmetic).
+
+A variant is a comma list of knob=value: even=wd+wgu+dgrad (sol080.EVEN_ROUNDS), wgrad=auto|side|
+side-early|early (sol080.WGRAD_AT), pdl=0|1 (_launch.PDL); "base" is the defaults, e.g.
+`python bench/ab_sol080_plans.py base even=wgu wgrad=side-early pdl=0`.
+Usage (device): PYTHONPATH=. python bench/ab_sol080_plans.py [--reps 20] [--T 192,8192] VARIANT...
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from benchmark import timer  # noqa: E402
+
+
+def main():
+    import cupy as cp
+
+    import cupy_moe
+    from cupy_moe.gpu import sol080
+    from cupy_moe.testing import SOL080_WORKLOADS, make_sol080_inputs
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--T", default="")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("variants", nargs="+")
+    args = ap.parse_args()
+    Ts = [int(t) for t in args.T.split(",")] if args.T else [t for t, _ in SOL080_WORKLOADS]
+    measure = timer(args.reps)
+
+    from cupy_moe import _launch
+
+    def use(variant):
+        knobs = dict(kv.split("=") for kv in variant.split(",") if kv != "base")
+        sol080.EVEN_ROUNDS = frozenset(filter(None, knobs.pop("even", "").split("+")))
+        sol080.WGRAD_AT = knobs.pop("wgrad", "auto")
+        _launch.PDL = knobs.pop("pdl", "1") != "0"
+        assert not knobs, f"unknown knobs {knobs}"
+
+    table = {v: [] for v in args.variants}
+    print(f"{'T':>6} " + " ".join(f"{v:>16}" for v in args.variants))
+    for T in Ts:
+        a = list(make_sol080_inputs(T, seed=T, xp=cp).values())
+        first = None
+        best = {v: [] for v in args.variants}
+        for v in args.variants:
+            use(v)
+            outs = [o.copy() for o in cupy_moe.sol080_backward(*a)]
+            if first is None:
+                first = outs
+            same = all(bool(cp.array_equal(o.view(cp.uint8), f.view(cp.uint8))) for o, f in zip(outs, first))
+            if not same:
+                print(f"T={T} variant {v!r}: outputs differ from {args.variants[0]!r}")
+                sys.exit(1)
+        for _ in range(args.rounds):
+            for v in args.variants:
+                use(v)
+                best[v].append(measure(lambda: cupy_moe.sol080_backward(*a)))
+        for v in args.variants:
+            table[v].append(min(best[v]))
+        print(f"{T:>6} " + " ".join(f"{table[v][-1]:16.1f}" for v in args.variants), flush=True)
+    print(f"{'mean':>6} " + " ".join(f"{np.mean(table[v]):16.1f}" for v in args.variants))
+
+
+if __name__ == "__main__":
+    main()
