@@ -7,7 +7,6 @@ Environment:
   CUPY_MOE_CACHE_DIR  cache folder (default $XDG_CACHE_HOME/cupy_moe or ~/.cache/cupy_moe);
                       set it to an empty string or 'off' to disable the disk cache.
   CUPY_MOE_NVRTC      path of libnvrtc to use (see _nvrtc).
-  CUPY_MOE_PDL_TRIGGER=0  A/B: GEMMs leave the next grid's launch to their exit (types.cuh).
 """
 from __future__ import annotations
 
@@ -83,8 +82,6 @@ def target_arch(compute_capability: str = "90") -> str:
 
 def compile_options(arch: str, verbose: bool = False) -> list:
     opts = [f"--gpu-architecture={arch}", "--std=c++17", f"--include-path={cuda_src_dir()}"]
-    if os.environ.get("CUPY_MOE_PDL_TRIGGER", "1") == "0":  # A/B: see allow_dependent_launch()
-        opts.append("-DCUPY_MOE_PDL_TRIGGER=0")
     if verbose:
         opts.append("--ptxas-options=-v")
     return opts

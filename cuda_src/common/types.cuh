@@ -46,20 +46,6 @@ __device__ __forceinline__ void wait_prior_grids() {
 #endif
 }
 
-// ... and lets the grid after this one on the stream launch before this one's last CTA exits
-// (its CTAs take the SMs this grid's CTAs leave and wait there in wait_prior_grids). Called only
-// where little of the CTA's work is left (a GEMM's last tile, before its epilogue): a CTA that
-// waits holds an SM a kernel on another stream could use. CUPY_MOE_PDL_TRIGGER=0 (a compile
-// option, cupy_moe/_build.py) leaves only the implicit trigger at exit, for A/B.
-#ifndef CUPY_MOE_PDL_TRIGGER
-#define CUPY_MOE_PDL_TRIGGER 1
-#endif
-__device__ __forceinline__ void allow_dependent_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && CUPY_MOE_PDL_TRIGGER
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
 // A call whose input check fails still has its launches enqueued (the host reads the check's
 // verdict after enqueueing them, so the GPU never waits on the host): each of them reads the
 // verdict the check kernel left earlier on the same stream, and does nothing when it is set.

@@ -575,7 +575,6 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
     #pragma unroll
     for (int b = 0; b < HV; ++b) fence_operands(acc[b]);
     if (prev >= 0) release(prev);
-    if (t + (int)gridDim.x >= sched.total) allow_dependent_launch();  // only the epilogue is left
     if constexpr (L::E_STAGED) {  // hand da' to the epilogue warps once they are done with the last
       mbar_wait(&epi_bar[1], (i & 1) ^ 1);
       stage_accumulators<Cfg>(acc[0], smem + L::DACC, wg, tid);
