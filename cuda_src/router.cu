@@ -97,13 +97,13 @@ extern "C" __global__ void router_topk(const float* __restrict__ logits, const f
 
 // dL/dlogits [T, E] from the routing-weight gradient dw (found per slot through row_of_slot in
 // the expert-sorted dw array), written as a bf16 pair hi + lo = fp32 value (to 2^-17): the router
-// GEMMs then run on the bf16 tensor cores with fp32-level accuracy. One thread per (t, e).
+// GEMMs then run on the bf16 tensor cores with fp32-level accuracy. One thread per (t, e). hi and
+// lo lie side by side in hi_lo ([T, 2E], row t = [hi(t) | lo(t)]), the layout router.py reads.
 extern "C" __global__ void router_backward(const float* __restrict__ dw_sorted,
                                            const int* __restrict__ row_of_slot,
                                            const float* __restrict__ scores, const i64* __restrict__ topk_idx,
                                            const float* __restrict__ topk_w, int T, int E, int K,
-                                           int norm, float scale, bf16_t* __restrict__ hi,
-                                           bf16_t* __restrict__ lo) {
+                                           int norm, float scale, bf16_t* __restrict__ hi_lo) {
   wait_prior_grids();
   const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= (i64)T * E) return;
@@ -129,8 +129,9 @@ extern "C" __global__ void router_backward(const float* __restrict__ dw_sorted,
     dlogit = ds * s[e] * (1.f - s[e]);
   }
   const bf16_t h = f32_to_bf16(dlogit);
-  hi[i] = h;
-  lo[i] = f32_to_bf16(dlogit - bf16_to_f32(h));
+  const i64 at = (i64)t * 2 * E + e;
+  hi_lo[at] = h;
+  hi_lo[at + E] = f32_to_bf16(dlogit - bf16_to_f32(h));
 }
 
 // out[i] = sum of partial[s * n + i] over s = 0 .. splits - 1, in that order (deterministic): the

@@ -126,7 +126,7 @@ extern "C" __global__ void sum_pieces_bf16(const float* __restrict__ pieces_, in
 // q = sum_h g^2 / K (per-lane sums, then a fixed butterfly); c = (q - sum_k q w_k / S) / S with
 // S = sum_k w_k + 1e-20, summed in k order as the contract writes it; grl[t, e] = (sum over k
 // with idx == e of c) * mask * s (1 - s), written as bf16 hi (= the contract's bf16(grl)) and
-// lo = bf16(grl - hi).
+// lo = bf16(grl - hi), side by side in hi_lo ([T, 2E], row t = [hi(t) | lo(t)]).
 // It sits alone on the call's critical path, so it is written for latency: every load that does
 // not depend on q (the routing row, the first 128 experts' scores and mask) is issued with the
 // grad_output row's, and with K <= 32 the routing row stays in the lanes'
@@ -196,8 +196,8 @@ extern "C" __global__ void __launch_bounds__(kRouterWarps * 32)
 sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ topk_w,
               const i64* __restrict__ topk_idx, const float* __restrict__ mask,
               const float* __restrict__ scores, int T, int H, int E, int K,
-              bf16_t* __restrict__ hi, bf16_t* __restrict__ lo,
-              int* __restrict__ check_scratch, volatile int* check_report) {
+              bf16_t* __restrict__ hi_lo, int* __restrict__ check_scratch,
+              volatile int* check_report) {
   wait_prior_grids();
   __shared__ int first_bad[2];
   if (threadIdx.x == 0) first_bad[0] = first_bad[1] = kNoRow;
@@ -205,7 +205,9 @@ sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ top
   const int lane = threadIdx.x % 32;
   const int t = blockIdx.x * kRouterWarps + threadIdx.x / 32;
   if (t < T) {  // the whole warp: t is the warp's
-    const i64 at0 = (i64)t * E;
+    const i64 at0 = (i64)t * E;  // row t of scores and mask
+    bf16_t* const hi = hi_lo + 2 * at0;  // and of hi and lo, side by side
+    bf16_t* const lo = hi + E;
     RoutingRow r{topk_idx + (i64)t * K, topk_w + (i64)t * K, K, -1, 0.f};
     if (K <= 32 && lane < K) {
       r.lane_e = r.idx[lane];
@@ -242,7 +244,7 @@ sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ top
       float G = 0.f;
       #pragma unroll 1  // unrolled, ptxas moved the prefetched values to the stack
       for (int k = 0; k < K; ++k) if (r.expert(k) == e) G += c;  // shuffles: every lane takes part
-      if (e < E) write_grl(G * m_pre[j] * s_pre[j] * (1.f - s_pre[j]), at0 + e, hi, lo);
+      if (e < E) write_grl(G * m_pre[j] * s_pre[j] * (1.f - s_pre[j]), e, hi, lo);
     }
     for (int e0 = 32 * kRouterPrefetch; e0 < E; e0 += 32) {  // experts past the prefetched ones
       const int e = e0 + lane;
@@ -250,7 +252,7 @@ sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ top
       for (int k = 0; k < K; ++k) if (r.expert(k) == e) G += c;
       if (e < E) {
         const float s = scores[at0 + e];
-        write_grl(G * mask[at0 + e] * s * (1.f - s), at0 + e, hi, lo);
+        write_grl(G * mask[at0 + e] * s * (1.f - s), e, hi, lo);
       }
     }
   }

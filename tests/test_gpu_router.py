@@ -9,24 +9,29 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_memory")]
 
 
 # (T, E, H): one token; a single split; 2-3 splits of uneven size; E = 6 (strides not a multiple of
-# 8: the portable main loop); E = 128 at GLM size with as many splits as fill the GPU.
+# 8: the portable main loop); E = 128 at GLM size with as many splits as fill the GPU. stacked:
+# the split pieces as one GEMM of [hi; lo] rows (x read once), or (router.STACKED = False, the
+# A/B path) as two reductions of E rows.
+@pytest.mark.parametrize("stacked", [True, False])
 @pytest.mark.parametrize("T,E,H", [(1, 128, 256), (300, 16, 640), (777, 128, 512), (1031, 6, 136),
                                    (8192, 128, 4096)])
-def test_weight_gradient(T, E, H):
+def test_weight_gradient(T, E, H, stacked, monkeypatch):
     import cupy as cp
-    from cupy_moe.gpu.router import weight_gradient
+    from cupy_moe.gpu import router
 
+    monkeypatch.setattr(router, "STACKED", stacked)
     rng = np.random.default_rng(T + E)
     grl = rng.standard_normal((T, E)) * 1e-3
     hi = grl.astype(np.float32).astype(bfloat16)
     lo = (grl - hi.astype(np.float64)).astype(np.float32).astype(bfloat16)
     x = rng.standard_normal((T, H), dtype=np.float32).astype(bfloat16)
+    hi_lo = cp.asarray(np.concatenate([hi, lo], axis=1))  # [T, 2E], backward_logits' layout
     out = cp.empty((E, H), cp.float32)
-    weight_gradient(cp.asarray(hi), cp.asarray(lo), cp.asarray(x), out)
+    router.weight_gradient(hi_lo, cp.asarray(x), out)
     ref = (hi.astype(np.float64) + lo.astype(np.float64)).T @ x.astype(np.float64)
     got = out.get()
     assert np.isfinite(got).all()
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-5
     again = cp.empty((E, H), cp.float32)
-    weight_gradient(cp.asarray(hi), cp.asarray(lo), cp.asarray(x), again)
+    router.weight_gradient(hi_lo, cp.asarray(x), again)
     np.testing.assert_array_equal(again.get(), got)  # deterministic

@@ -205,7 +205,7 @@ def test_router_kernel_writes_the_contracts_router_terms_bitwise(T, H, E, K):
                                 d["shared_expert_gate_weight"], d["shared_expert_up_weight"],
                                 d["shared_expert_down_weight"], d["shared_gate_output"],
                                 d["shared_up_output"], d["shared_activated"])
-    ws = types.SimpleNamespace(hi=cp.empty((T, E), bfloat16), lo=cp.empty((T, E), bfloat16))
+    ws = types.SimpleNamespace(grl=cp.empty((T, 2 * E), bfloat16))
     check = validate.topk_check_in_kernel("topk_indices", inputs.idx, E)
     gpu_sol080._router_kernel(inputs, ws, check.kernel_args)
     check.finish()
@@ -214,8 +214,8 @@ def test_router_kernel_writes_the_contracts_router_terms_bitwise(T, H, E, K):
     hi, lo = _router_terms_in_order(a["topk_weights"], a["topk_indices"], a["score_mask"],
                                     a["scores"], q, E)
     assert np.abs(hi.astype(np.float32)).max() > 0  # the residue is not zero everywhere
-    np.testing.assert_array_equal(ws.hi.get().view(np.uint16), hi.view(np.uint16))
-    np.testing.assert_array_equal(ws.lo.get().view(np.uint16), lo.view(np.uint16))
+    np.testing.assert_array_equal(ws.grl[:, :E].get().view(np.uint16), hi.view(np.uint16))
+    np.testing.assert_array_equal(ws.grl[:, E:].get().view(np.uint16), lo.view(np.uint16))
 
 
 @pytest.mark.parametrize("T,atol", [(997, 0.36), (2053, 0.23)])

@@ -150,11 +150,12 @@ def backward_tail(dy, ctx: MoEContext, dx_sorted, dw_sorted, d_gate_w, d_up_w, d
     T, H = x.shape
     E, K = cfg.n_routed_experts, cfg.num_experts_per_tok
     # Router: dlogits as bf16 hi + lo, so both router GEMMs run on the tensor cores.
-    hi, lo = router.backward_logits(dw_sorted, ctx.slot_rows, ctx.scores, ctx.topk_indices,
-                                    ctx.topk_weights, cfg)
+    grl = router.backward_logits(dw_sorted, ctx.slot_rows, ctx.scores, ctx.topk_indices,
+                                 ctx.topk_weights, cfg)  # [T, 2E]: [hi | lo]
     d_router_w = cp.empty((E, H), cp.float32)
-    router.weight_gradient(hi, lo, x, d_router_w)
-    dx_segments = [Segment(hi, E, ctx.router_weight, H, k=E), Segment(lo, E, ctx.router_weight, H, k=E)]
+    router.weight_gradient(grl, x, d_router_w)
+    dx_segments = [Segment(grl, 2 * E, ctx.router_weight, H, k=E),
+                   Segment(grl.data.ptr + 2 * E, 2 * E, ctx.router_weight, H, k=E)]
 
     shared = (None, None, None)
     if cfg.n_shared_experts:

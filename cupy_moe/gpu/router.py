@@ -1,6 +1,8 @@
 """Router stages on the GPU: logits GEMM + top-k selection, and the routing-weight backward."""
 from __future__ import annotations
 
+import os
+
 import cupy as cp
 
 from .. import _build, _launch
@@ -10,6 +12,9 @@ from .gemm import Segment, device_sms, gemm
 
 _WARPS = 4
 _SPLIT_ROWS = 256  # token rows per split at least: the fp32 partials' round trip stays small
+# A/B only: 0 runs the split weight gradient as before (the hi and lo halves as two reductions of
+# E rows each, so every piece reads its tokens of x twice).
+STACKED = os.environ.get("CUPY_MOE_ROUTER_WGRAD_STACKED", "1") != "0"
 
 
 def _module():
@@ -35,40 +40,55 @@ def forward(x, router_weight, bias, config):
 
 
 def backward_logits(dw_sorted, slot_rows, scores, idx, w, config):
-    """dL/dlogits [T,E] as a bf16 pair (hi, lo) with hi + lo = the fp32 value to 2^-17."""
+    """dL/dlogits [T,E] as a bf16 pair hi + lo = the fp32 value (to 2^-17), side by side in one
+    [T, 2E] array (row t = [hi(t) | lo(t)]), the layout weight_gradient reads."""
     T, E = scores.shape
-    hi, lo = cp.empty((T, E), bfloat16), cp.empty((T, E), bfloat16)
+    grl = cp.empty((T, 2 * E), bfloat16)
     n = T * E
     _launch.launch(_module(), "router_backward", (cdiv(n, 256),), (256,),
                    [ptr(dw_sorted), ptr(slot_rows), ptr(scores), ptr(idx), ptr(w), i32(T), i32(E),
                     i32(config.num_experts_per_tok), i32(config.norm_topk_prob),
-                    f32(config.routed_scaling_factor), ptr(hi), ptr(lo)])
-    return hi, lo
+                    f32(config.routed_scaling_factor), ptr(grl)])
+    return grl
 
 
 def weight_gradient_splits(T: int, E: int, H: int) -> int:
-    """Pieces the router weight gradient's token reduction is split into (1: none). Alone it
-    would fill only one row of output tiles (E <= 128 rows, H / 128 SMs busy), so the tokens are
-    split until the GPU is full, keeping at least _SPLIT_ROWS tokens per piece."""
-    return max(1, min(device_sms() // (cdiv(E, 128) * cdiv(H, 128)), T // _SPLIT_ROWS))
+    """Pieces the router weight gradient's token reduction is split into (1: none). Split, it runs
+    as one GEMM of 2E rows (hi and lo stacked) so that each token of x is read once; alone such a
+    GEMM would fill only 2E / 128 rows of output tiles, so the tokens are split until the GPU is
+    full, keeping at least _SPLIT_ROWS tokens per piece."""
+    rows = 2 * E if STACKED else E
+    return max(1, min(device_sms() // (cdiv(rows, 128) * cdiv(H, 128)), T // _SPLIT_ROWS))
 
 
-def weight_gradient(hi, lo, x, out, partial=None, cancel=None) -> None:
-    """dL/dW_router [E, H] fp32 = (hi + lo)^T x into out: K-grouped pieces of the tokens
-    (weight_gradient_splits) into fp32 partials [splits, E, H] (given, or allocated here), summed
-    in a fixed order (deterministic). cancel: see gemm()."""
-    T, E = hi.shape
-    H = x.shape[1]
-    segments = [Segment(hi, E, x, H, k=T), Segment(lo, E, x, H, k=T)]
+def weight_gradient_pieces_shape(T: int, E: int, H: int):
+    """Shape of the fp32 pieces weight_gradient sums (None when it writes out directly)."""
+    splits = weight_gradient_splits(T, E, H)
+    return None if splits == 1 else (splits, 2 * E if STACKED else E, H)
+
+
+def weight_gradient(grl, x, out, partial=None, cancel=None) -> None:
+    """dL/dW_router [E, H] fp32 = (hi + lo)^T x into out, grl = [hi | lo] ([T, 2E] bf16, see
+    backward_logits). Unsplit: one GEMM over the two reductions hi^T x and lo^T x. Split
+    (weight_gradient_splits): one K-grouped GEMM of the stacked rows [hi^T; lo^T] x per piece of
+    the tokens (x read once, not once per half) into fp32 pieces [splits, 2E, H] (given as
+    partial, or allocated here), summed in a fixed order (hi, lo of piece 0, then of piece 1, ...:
+    deterministic). cancel: see gemm()."""
+    T, E2 = grl.shape
+    E, H = E2 // 2, x.shape[1]
     splits = weight_gradient_splits(T, E, H)
     if splits == 1:
+        segments = [Segment(grl, E2, x, H, k=T), Segment(grl.data.ptr + 2 * E, E2, x, H, k=T)]
         gemm(m=E, n=H, segments=segments, a_kmajor=False, b_kmajor=False, out=out, ldc=H,
              epilogue="f32", cancel=cancel)
         return
+    rows = E2 if STACKED else E
     if partial is None:
-        partial = cp.empty((splits, E, H), cp.float32)
-    gemm(m=E, n=H, segments=segments, a_kmajor=False, b_kmajor=False, out=partial, ldc=H,
-         epilogue="f32", grouping="k", num_groups=splits, c_group_stride=E * H, cancel=cancel)
+        partial = cp.empty((splits, rows, H), cp.float32)
+    segments = ([Segment(grl, E2, x, H, k=T)] if STACKED else
+                [Segment(grl, E2, x, H, k=T), Segment(grl.data.ptr + 2 * E, E2, x, H, k=T)])
+    gemm(m=rows, n=H, segments=segments, a_kmajor=False, b_kmajor=False, out=partial, ldc=H,
+         epilogue="f32", grouping="k", num_groups=splits, c_group_stride=rows * H, cancel=cancel)
     n = E * H
     _launch.launch(_module(), "sum_splits", (grid_stride_blocks(n),), (256,),
-                   [ptr(partial), i32(splits), i64(n), ptr(out), ptr(cancel)])
+                   [ptr(partial), i32(splits * rows // E), i64(n), ptr(out), ptr(cancel)])

@@ -112,6 +112,7 @@ class _Plan:
     router_beside: bool = False
     even_rounds: frozenset = frozenset()  # EVEN_ROUNDS (A/B)
     wgrad_at: str = "auto"                # WGRAD_AT (A/B)
+    wgrad_stacked: bool = True            # router.STACKED (A/B)
 
     @classmethod
     def of(cls, g, wr, wg, wu, wd, gate):
@@ -121,7 +122,7 @@ class _Plan:
         # The dgrad's A operands live in the workspace (256-byte aligned): their byte offsets
         # stand in for their addresses (d_up: I bf16 into each row).
         dgrad_on_sm90 = sm90_applies(T, H, [Segment(2 * I, 2 * I, wu, H, k=I), Segment(0, 2 * I, wg, H, k=I),
-                                            Segment(0, E, wr, H, k=E)], True, False)
+                                            Segment(0, 2 * E, wr, H, k=E)], True, False)
         act_splits = k_splits_for(T, I, H) if d_act_on_sm90 else 1
         act_fused = d_act_on_sm90 and act_splits == 1 and FUSED_D_ACT
         sms = device_sms()
@@ -137,7 +138,8 @@ class _Plan:
                 act_splits, router_beside = min(act_splits, fewer), True
         return cls(act_splits=act_splits, act_fused=act_fused,
                    dgrad_splits=k_splits_for(T, H, 2 * I + E) if dgrad_on_sm90 else 1,
-                   router_beside=router_beside, even_rounds=EVEN_ROUNDS, wgrad_at=WGRAD_AT)
+                   router_beside=router_beside, even_rounds=EVEN_ROUNDS, wgrad_at=WGRAD_AT,
+                   wgrad_stacked=router.STACKED)
 
 
 _D_ACT_TILE = 128  # d_act's tile edge (Sm90Config.choose: 128 x 128 for n = 1408, fused or not)
@@ -152,20 +154,19 @@ class _Workspace:
     act_pieces: object    # [splits, T, I] fp32 split-K pieces of d_act, or None
     dgrad_pieces: object  # [splits, T, H] fp32 split-K pieces of grad_hidden_states, or None
     d_gu: object       # [T, 2I] bf16, row t = [d_gate(t) | d_up(t)]
-    hi: object         # [T, E] bf16: bf16(grl) and the rest, hi + lo = grl
-    lo: object
-    partial: object    # [splits, E, H] fp32 pieces of the router weight gradient, or None
+    grl: object        # [T, 2E] bf16, row t = [hi(t) | lo(t)]: hi = bf16(grl), hi + lo = grl
+    partial: object    # fp32 pieces of the router weight gradient (router.py), or None
 
     @classmethod
     def allocate(cls, T, H, I, E, plan: _Plan):
-        splits = router.weight_gradient_splits(T, E, H)
         pieces = lambda n, *shape: cp.empty((n,) + shape, cp.float32) if n > 1 else None
+        wgrad_pieces = router.weight_gradient_pieces_shape(T, E, H)
         return cls(d_act=None if plan.act_fused or plan.act_splits > 1 else cp.empty((T, I), bfloat16),
                    act_pieces=pieces(plan.act_splits, T, I),
                    dgrad_pieces=pieces(plan.dgrad_splits, T, H),
                    d_gu=cp.empty((T, 2 * I), bfloat16),
-                   hi=cp.empty((T, E), bfloat16), lo=cp.empty((T, E), bfloat16),
-                   partial=pieces(splits, E, H))
+                   grl=cp.empty((T, 2 * E), bfloat16),
+                   partial=wgrad_pieces and cp.empty(wgrad_pieces, cp.float32))
 
 
 def sol080_backward(g, x, wr, bias, logits, scores, idx, tw, mask, wg, wu, wd, gate, up, act):
@@ -216,8 +217,7 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
     if side is not None:
         side.fork.record(main)
         side.stream.wait_event(side.fork)
-    router_wgrad = lambda: router.weight_gradient(ws.hi, ws.lo, inputs.x, grad_router, ws.partial,
-                                                  cancel)
+    router_wgrad = lambda: router.weight_gradient(ws.grl, inputs.x, grad_router, ws.partial, cancel)
     gemm(**d_act)
     _finish_d_act(inputs, ws, plan, d_act["cancel"])
     with side.stream if side else main:
@@ -299,7 +299,7 @@ def _router_kernel(inputs: _Inputs, ws: _Workspace, check_args) -> None:
     _launch.launch(_build.load_module("sol080.cu"), "sol080_router", (cdiv(T, _ROUTER_WARPS),),
                    (32 * _ROUTER_WARPS,),
                    [ptr(a.g), ptr(a.tw), ptr(a.idx), ptr(a.mask), ptr(a.scores), i32(T), i32(H),
-                    i32(E), i32(K), ptr(ws.hi), ptr(ws.lo)] + (check_args or [ptr(None), ptr(None)]))
+                    i32(E), i32(K), ptr(ws.grl)] + (check_args or [ptr(None), ptr(None)]))
 
 
 def _grad_wd_gemm(inputs: _Inputs, grad_wd) -> dict:
@@ -327,7 +327,7 @@ def _dgrad_gemm(inputs: _Inputs, grad_h, ws: _Workspace, plan: _Plan) -> dict:
     I, E = inputs.gate.shape[1], wr.shape[0]
     d_up = ws.d_gu.data.ptr + 2 * I  # bytes: I bf16 into each row
     common = dict(m=T, n=H, segments=[Segment(d_up, 2 * I, wu, H, k=I), Segment(ws.d_gu, 2 * I, wg, H, k=I),
-                                      Segment(ws.hi, E, wr, H, k=E)], a_kmajor=True, b_kmajor=False, ldc=H)
+                                      Segment(ws.grl, 2 * E, wr, H, k=E)], a_kmajor=True, b_kmajor=False, ldc=H)
     if plan.dgrad_splits == 1:
         return dict(common, out=grad_h)
     return dict(common, out=ws.dgrad_pieces, epilogue="f32", k_splits=plan.dgrad_splits,
