@@ -499,8 +499,8 @@ __device__ __forceinline__ void split_cluster_row(const GemmParams& p, int row, 
 // epilogue on it. Each CTA of the cluster has staged its piece's fp32 accumulators in its own
 // shared memory (the dacc layout, over the idle stages); CTA rank q takes rows q, q + S, q + 2 S,
 // ... of the tile, its 8 consumer warps a row at a time, a lane 4 columns, reading every piece's
-// row from its CTA over DSMEM (all S loads in flight, then the adds in order: the same bits
-// whichever CTA sums a row). Every thread of the CTA takes part in both cluster barriers: the
+// row from its CTA over DSMEM (four loads in flight, then their adds in piece order: the same
+// bits whichever CTA sums a row). Every thread of the CTA takes part in both cluster barriers: the
 // first makes the pieces visible, the second keeps each CTA's shared memory until its peers have
 // read it.
 template <class Cfg>
