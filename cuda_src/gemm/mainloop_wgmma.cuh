@@ -500,19 +500,19 @@ __device__ __forceinline__ void split_cluster_row(const GemmParams& p, int row, 
 // shared memory (the dacc layout, over the idle stages); CTA rank q takes rows q, q + S, q + 2 S,
 // ... of the tile, its 8 consumer warps a row at a time, a lane 4 columns, reading every piece's
 // row from its CTA over DSMEM (four loads in flight, then their adds in piece order: the same
-// bits whichever CTA sums a row). Every thread of the CTA takes part in both cluster barriers: the
-// first makes the pieces visible, the second keeps each CTA's shared memory until its peers have
-// read it.
+// bits whichever CTA sums a row). Run by the consumer warps (warp 0 .. 7); every thread of the
+// CTA takes part in both cluster barriers (the producer warpgroup on its own path, kernel_body):
+// the first makes the pieces visible, the second keeps each CTA's shared memory until its peers
+// have read it.
 template <class Cfg>
 __device__ __forceinline__ void split_cluster_epilogue(const GemmSm90Params& P, const Scheduler<Cfg>& sched,
-                                                       u8* smem, int tid) {
+                                                       u8* smem, int warp, int lane) {
   constexpr int MAX_PIECES = 8, IN_FLIGHT = 4;
   const GemmParams& p = P.base;
   __syncwarp();
   cluster_sync();
-  if (tid >= PRODUCER_THREADS && tid < MAIN_THREADS && (int)blockIdx.x < sched.total) {
+  if ((int)blockIdx.x < sched.total) {
     const int pieces = p.num_groups, rank = (int)cluster_rank();
-    const int warp = (tid - PRODUCER_THREADS) / 32, lane = tid % 32;
     const Tile tc = sched.tile(blockIdx.x);
     const int rows = min(BM, tc.m_hi - tc.m0);
     const u32 base = smem_addr(smem);
@@ -735,14 +735,19 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
       setmaxnreg_dec<L::PRODUCER_REGS>();
     }
     producer<Cfg>(P, sched, smem, full, empty, tid);
+    if constexpr (Cfg::SPLIT_CLUSTER) {  // the producer's part of the cluster's two barriers
+      __syncwarp();  // (on its own path: these warps run on the producer's few registers)
+      cluster_sync();
+      cluster_sync();
+    }
   } else if (tid < MAIN_THREADS) {
     if constexpr (!L::E_STAGED) setmaxnreg_inc<L::CONSUMER_REGS>();
     const int c = tid - PRODUCER_THREADS;
     consumer<Cfg>(P, sched, smem, full, empty, turn, epi_bar, c / 128, c % 128);
+    if constexpr (Cfg::SPLIT_CLUSTER) split_cluster_epilogue<Cfg>(P, sched, smem, c / 32, tid % 32);
   } else if constexpr (L::E_STAGED) {  // the epilogue warpgroup (no threads past MAIN_THREADS otherwise)
     swiglu_epilogue_warps<Cfg>(P, sched, smem + L::DACC, epi_bar, 3 + (tid - MAIN_THREADS) / 32, tid % 32);
   }
-  if constexpr (Cfg::SPLIT_CLUSTER) split_cluster_epilogue<Cfg>(P, sched, smem, tid);
 }
 
 }  // namespace sm90
