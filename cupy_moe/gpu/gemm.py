@@ -36,6 +36,10 @@ STAGED_EPILOGUE = os.environ.get("CUPY_MOE_STAGED_EPILOGUE", "1") != "0"
 # Benchmarks only: Sm90Config fields forced onto every Hopper config choose() makes (tile studies;
 # the caller keeps the result within shared memory). Empty in normal use.
 CONFIG_OVERRIDE: dict = {}
+# k_splits with a bf16 or SwiGLU epilogue: the pieces of a tile form a thread-block cluster and are
+# summed over DSMEM before the epilogue (Cfg::SPLIT_CLUSTER). 0: the fp32 pieces go through
+# global memory and the caller's kernel instead (A/B; see gpu/sol080.py).
+SPLIT_CLUSTER = os.environ.get("CUPY_MOE_SPLIT_CLUSTER", "1") != "0"
 GROUPINGS = {"none": 0, "m": 1, "k": 2}
 EPILOGUES = {"bf16": 0, "f32": 1, "f32_accumulate": 2, "swiglu_backward": 3}
 ENGINES = ("auto", "sm90", "mma")
@@ -144,6 +148,7 @@ class Sm90Config:
     E_STAGED: bool = False  # SwiGLU backward on the producer's spare warps from staged fp32 da'
     SPLIT_K: bool = False  # fp32 pieces of the reduction (ungrouped GEMMs; the kernel reads
     # their count in GemmParams.num_groups)
+    SPLIT_CLUSTER: bool = False  # the pieces of a tile are a cluster that sums them itself
 
     BM = 128
     BK = 64
@@ -171,7 +176,7 @@ class Sm90Config:
             bn = 64 if n <= 64 else 128
             most = 8
         else:
-            if flags.get("E_STAGED"):
+            if flags.get("E_STAGED") or flags.get("SPLIT_CLUSTER"):
                 bn = 128
             elif wide_tiles_pay(n, flags.get("GROUPING", 0)) and m_tiles * cdiv(n, 256) >= sms:
                 bn = 256
@@ -281,7 +286,11 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     order) cut into S pieces whose fp32 products go to out + s * c_group_stride; the caller sums
     them (in a fixed order: deterministic). For GEMMs with few output tiles and a long reduction
     (k_splits_for). Where the Hopper loop does not apply, piece 0 holds the whole product and the
-    others zeros. cancel: the device address of an int that, nonzero when the kernel starts,
+    others zeros. k_splits = S > 1 with epilogue 'bf16' or 'swiglu_backward' (no routed-expert
+    outputs): the pieces are summed inside the kernel, out is the result as without the split
+    (the Hopper loop: each tile's S pieces form a thread-block cluster, S <= 8, that sums them
+    over distributed shared memory in piece order; elsewhere the GEMM runs unsplit; with
+    SPLIT_CLUSTER off, S must be 1 here). cancel: the device address of an int that, nonzero when the kernel starts,
     makes it do nothing (the top-k check's verdict, read by launches enqueued before the host has
     it). even_rounds: the Hopper loop's persistent grid takes the fewest CTAs that keep its number
     of rounds (tiles per CTA, even_round_ctas) instead of one per SM: as fast alone, and the SMs
@@ -292,7 +301,8 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     training loop makes them, skip the host work of building it).
     """
     assert 1 <= len(segments) <= MAX_SEGMENTS and engine in ENGINES
-    assert k_splits == 1 or (grouping == "none" and epilogue == "f32" and c_group_stride >= m * ldc)
+    assert k_splits == 1 or grouping == "none" and (
+        epilogue == "f32" and c_group_stride >= m * ldc or epilogue in ("bf16", "swiglu_backward"))
     if m == 0 or n == 0:
         return  # nothing to write (an M-grouped grid would otherwise still launch its group slack)
     import cupy
@@ -307,6 +317,9 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
            None if sw is None else tuple(opt(a) for a in (sw.gate, sw.up, sw.dg, sw.du, sw.act,
                                                          sw.weights, sw.row_index, sw.aw, sw.dw))
            + (sw.ld_grad, sw.contract_rounding))
+    if k_splits > 1 and epilogue != "f32":
+        assert SPLIT_CLUSTER and k_splits <= 8 and (sw is None or sw.act is None and sw.aw is None), \
+            "in-kernel split-K sums: at most 8 pieces, no routed-expert SwiGLU outputs"
     launch = _prepared.get(key)
     if launch is None:
         launch = _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping,
@@ -333,6 +346,7 @@ class _Launch:
     smem: int
     params: bytes
     param_type: type
+    cluster: int = 1   # CTAs per thread-block cluster (the split-K pieces of a tile)
     m: int = 0
     n: int = 0
     tiles_n: int = 0   # sm90 SwiGLU epilogue: row partials per row
@@ -350,7 +364,8 @@ class _Launch:
         if self.kind == "unfused":
             da = cupy.empty((self.m, self.n), cupy.float32)
             base.c, base.ldc = da.data.ptr, self.n
-        _launch.launch(self.module, self.name, self.grid, (self.threads,), [P], self.smem)
+        _launch.launch(self.module, self.name, self.grid, (self.threads,), [P], self.smem,
+                       cluster=self.cluster)
         if self.zero_bytes:
             address, size = self.zero_bytes
             cupy.cuda.runtime.memsetAsync(address, 0, size, cupy.cuda.get_current_stream().ptr)
@@ -397,6 +412,8 @@ def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, g
             raise ValueError(f"the sm90 GEMM does not apply: {why}")
     if sw is not None and (sw.contract_rounding or sw.ld_grad):
         raise ValueError("the SwiGLU epilogue's contract rounding and ld_grad need the sm90 GEMM")
+    if k_splits > 1 and epilogue != "f32":  # summed in the kernel: here simply not split
+        k_splits, p.num_groups = 1, num_groups
     if k_splits > 1:  # split-K: the whole product into piece 0
         p.num_groups = 0
         launch = _prepare_mma(p, segments, m, n, grouping, 0, flags)
@@ -452,9 +469,14 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
         pingpong = grouping == "k" and not wide_tiles_pay(n, GROUPINGS[grouping])
     else:
         pingpong = bool(PINGPONG)
-    staged = not pingpong and _epilogue_staged(p, n, flags)
+    # Split-K pieces summed in the kernel (bf16 / SwiGLU results): a cluster per tile.
+    cluster = k_splits > 1 and flags["EPILOGUE"] != EPILOGUES["f32"]
+    if cluster:
+        pingpong = c_tma = False
+    staged = not pingpong and not cluster and _epilogue_staged(p, n, flags)
     cfg = Sm90Config.choose(m_tiles * k_splits, n, sms, num_groups if grouping == "m" else 0,
-                            pingpong, C_TMA=c_tma, E_STAGED=staged, SPLIT_K=k_splits > 1, **flags)
+                            pingpong, C_TMA=c_tma, E_STAGED=staged, SPLIT_K=k_splits > 1,
+                            SPLIT_CLUSTER=cluster, **flags)
     if CONFIG_OVERRIDE:
         cfg = dataclasses.replace(cfg, **CONFIG_OVERRIDE)
     P = GemmSm90Params()
@@ -483,9 +505,20 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
     else:
         tiles = m_tiles * tiles_n * k_splits
     ctas = even_round_ctas(tiles, sms) if even_rounds else min(tiles, sms)
-    return _Launch("sm90", _sm90_module(cfg), "gemm_sm90_kernel", (ctas,), cfg.threads,
-                   cfg.smem_bytes(num_groups if grouping == "m" else 0), bytes(P), GemmSm90Params,
-                   m=m, n=n, tiles_n=tiles_n)
+    module, smem = _sm90_module(cfg), cfg.smem_bytes(num_groups if grouping == "m" else 0)
+    if cluster:
+        # One tile per CTA (a piece waits for its cluster, never for a later tile of its own), so
+        # every cluster should be resident at once: a cluster's CTAs share a GPC, and fewer
+        # pieces per tile fit more clusters (the sum is the same in any number of pieces, in
+        # order, up to rounding; the choice depends on the shape alone: deterministic).
+        while k_splits > 2 and tiles // k_splits > (_launch.max_active_clusters(
+                module, "gemm_sm90_kernel", cfg.threads, smem, k_splits) or tiles):
+            k_splits -= 1
+            tiles = m_tiles * tiles_n * k_splits
+        P.base.num_groups = k_splits
+        ctas = tiles
+    return _Launch("sm90", module, "gemm_sm90_kernel", (ctas,), cfg.threads, smem, bytes(P),
+                   GemmSm90Params, cluster=k_splits if cluster else 1, m=m, n=n, tiles_n=tiles_n)
 
 
 def k_splits_for(m: int, n: int, k: int, most: int = 8, sms: int | None = None) -> int:
@@ -571,4 +604,8 @@ def example_sm90_configs():
     # their order for tools/cubin_code_hash.py --first.
     out.append(Sm90Config.choose(1, 1408, 132, 0, False, A_KMAJOR=True, B_KMAJOR=False,
                                  EPILOGUE=1, SPLIT_K=True))
+    # The same summed inside a cluster per tile, into the SwiGLU backward and into bf16.
+    for epi, n in ((3, 1408), (0, 4096)):
+        out.append(Sm90Config.choose(1, n, 132, 0, False, A_KMAJOR=True, B_KMAJOR=False,
+                                     EPILOGUE=epi, SPLIT_K=True, SPLIT_CLUSTER=True))
     return out
