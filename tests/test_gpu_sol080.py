@@ -251,3 +251,18 @@ def test_unfused_d_act_passes_like_the_fused_one(T, atol, monkeypatch):
         assert sol080_pass_rule(o, r, atol), name
         if name != "grad_router_weight":
             assert relative_error(o, r) < 1e-2, name
+
+
+@pytest.mark.parametrize("T,atol", [(3072, 0.26), (6144, 0.25)])
+def test_wide_d_act_passes_like_the_fused_one(T, atol, monkeypatch):
+    """CUPY_MOE_SOL080_WIDE_D_ACT=1 (an A/B knob): where the fused d_act leaves the router no
+    room, d_act runs as a plain 128 x 256 GEMM (its last column tile half past n = 1408) with the
+    router kernel beside it, then the elementwise SwiGLU backward."""
+    from cupy_moe.gpu import sol080 as gpu_sol080
+
+    monkeypatch.setattr(gpu_sol080, "WIDE_D_ACT", True)
+    out, ref = _run(T, seed=T + 2)
+    for name, o, r in zip(NAMES, out, ref):
+        assert sol080_pass_rule(o, r, atol), name
+        if name != "grad_router_weight":
+            assert relative_error(o, r) < 1e-2, name

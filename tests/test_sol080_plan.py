@@ -78,3 +78,17 @@ def test_router_wgrad_pieces(plan_of, monkeypatch, T, stacked, shape):
     monkeypatch.setattr(router, "STACKED", stacked)
     assert router.weight_gradient_pieces_shape(T, E, H) == shape
     assert plan_of(T).wgrad_stacked is stacked  # in the graph key: a change re-captures
+
+
+def test_the_wide_d_act_knob_frees_room_for_the_router(plan_of, monkeypatch):
+    """CUPY_MOE_SOL080_WIDE_D_ACT (A/B): where the fused 128 x 128 d_act fills the SMs (T = 3072,
+    6144), a plain 128 x 256 d_act on its even-rounds grid (144 tiles on 72 CTAs; 288 on 96)
+    leaves the router room beside it; elsewhere nothing changes."""
+    from cupy_moe.gpu import sol080
+
+    monkeypatch.setattr(sol080, "WIDE_D_ACT", True)
+    for T in (3072, 6144):
+        p = plan_of(T)
+        assert (p.act_wide, p.act_fused, p.router_beside) == (True, False, True)
+    for T in (192, 2053, 8192):
+        assert not plan_of(T).act_wide

@@ -167,18 +167,19 @@ class Sm90Config:
 
     @classmethod
     def choose(cls, m_tiles: int, n: int, sms: int, num_groups: int = 0, pingpong: bool = False,
-               **flags) -> "Sm90Config":
-        """Cooperative: 128 for the staged SwiGLU epilogue, else BN 256 where wide_tiles_pay and
-        every SM still gets a tile, 64 for narrow outputs, else 128. Ping-pong: BN 64 for
-        narrow outputs, else 128 (a warpgroup holds the whole 128 x BN accumulator). STAGES: as
-        many as fit, at most 8 (ping-pong) or 4 / 6 / 8 by BN, one fewer with TMA stores."""
+               wide: bool = False, **flags) -> "Sm90Config":
+        """Cooperative: 128 for the staged SwiGLU epilogue, else BN 256 where asked (wide) or
+        where wide_tiles_pay and every SM still gets a tile, 64 for narrow outputs, else 128.
+        Ping-pong: BN 64 for narrow outputs, else 128 (a warpgroup holds the whole 128 x BN
+        accumulator). STAGES: as many as fit, at most 8 (ping-pong) or 4 / 6 / 8 by BN, one
+        fewer with TMA stores."""
         if pingpong:
             bn = 64 if n <= 64 else 128
             most = 8
         else:
             if flags.get("E_STAGED") or flags.get("SPLIT_CLUSTER"):
                 bn = 128
-            elif wide_tiles_pay(n, flags.get("GROUPING", 0)) and m_tiles * cdiv(n, 256) >= sms:
+            elif wide or wide_tiles_pay(n, flags.get("GROUPING", 0)) and m_tiles * cdiv(n, 256) >= sms:
                 bn = 256
             elif n <= 64:
                 bn = 64
@@ -271,7 +272,7 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
          group_offsets=None, num_groups: int = 0, c_group_stride: int = 0,
          gather_a=None, gather_b=None, gather_div: int = 1, engine: str = "auto",
          swiglu: SwigluBackward | None = None, k_splits: int = 1, cancel: int | None = None,
-         even_rounds: bool = False) -> None:
+         even_rounds: bool = False, wide: bool = False) -> None:
     """Launch one GEMM on the current stream.
 
     grouping='m': rows are experts' segments group_offsets[g]:group_offsets[g+1] of m total rows,
@@ -295,6 +296,8 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     it). even_rounds: the Hopper loop's persistent grid takes the fewest CTAs that keep its number
     of rounds (tiles per CTA, even_round_ctas) instead of one per SM: as fast alone, and the SMs
     it leaves free serve a kernel on another stream from the start, not only in the last round.
+    wide: 128 x 256 tiles where the Hopper loop's cooperative consumers would otherwise take 128
+    (the staged SwiGLU epilogue keeps 128).
 
     A launch's parameter block depends only on addresses and sizes, so it is built once per
     distinct call and replayed from a cache afterwards (repeated calls on the same buffers, as a
@@ -312,7 +315,7 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     key = (cupy.cuda.Device().id, PINGPONG, STAGED_EPILOGUE, tuple(sorted(CONFIG_OVERRIDE.items())),
            m, n, a_kmajor, b_kmajor, opt(out), ldc, epilogue, grouping, opt(group_offsets),
            num_groups, c_group_stride, opt(gather_a), opt(gather_b), gather_div, engine, k_splits,
-           cancel, even_rounds,
+           cancel, even_rounds, wide,
            tuple((_addr(s.a), s.lda, _addr(s.b), s.ldb, s.k, s.b_group_stride) for s in segments),
            None if sw is None else tuple(opt(a) for a in (sw.gate, sw.up, sw.dg, sw.du, sw.act,
                                                          sw.weights, sw.row_index, sw.aw, sw.dw))
@@ -324,7 +327,7 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     if launch is None:
         launch = _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping,
                           group_offsets, num_groups, c_group_stride, gather_a, gather_b,
-                          gather_div, engine, sw, cancel, k_splits, even_rounds)
+                          gather_div, engine, sw, cancel, k_splits, even_rounds, wide)
         if len(_prepared) >= 1024:
             _prepared.clear()
         _prepared[key] = launch
@@ -380,7 +383,7 @@ class _Launch:
 
 def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, group_offsets,
              num_groups, c_group_stride, gather_a, gather_b, gather_div, engine, sw,
-             cancel=None, k_splits=1, even_rounds=False) -> _Launch:
+             cancel=None, k_splits=1, even_rounds=False, wide=False) -> _Launch:
     p = GemmParams()
     p.cancel = cancel or 0
     for i, s in enumerate(segments):
@@ -407,7 +410,7 @@ def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, g
                                 flags["GATHER_A"], flags["GATHER_B"])
         if why is None:
             return _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits,
-                                 even_rounds)
+                                 even_rounds, wide)
         if engine == "sm90":
             raise ValueError(f"the sm90 GEMM does not apply: {why}")
     if sw is not None and (sw.contract_rounding or sw.ld_grad):
@@ -461,7 +464,7 @@ def even_round_ctas(tiles: int, sms: int) -> int:
 
 
 def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
-                  even_rounds=False) -> _Launch:
+                  even_rounds=False, wide=False) -> _Launch:
     sms = device_sms()
     m_tiles = cdiv(m, Sm90Config.BM) + (num_groups if grouping == "m" else 0)
     c_tma = (flags["EPILOGUE"] == EPILOGUES["bf16"] and p.ldc % 8 == 0 and p.c_group_stride % 8 == 0)
@@ -475,8 +478,8 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
         pingpong = c_tma = False
     staged = not pingpong and not cluster and _epilogue_staged(p, n, flags)
     cfg = Sm90Config.choose(m_tiles * k_splits, n, sms, num_groups if grouping == "m" else 0,
-                            pingpong, C_TMA=c_tma, E_STAGED=staged, SPLIT_K=k_splits > 1,
-                            SPLIT_CLUSTER=cluster, **flags)
+                            pingpong, wide=wide and not staged and not cluster, C_TMA=c_tma,
+                            E_STAGED=staged, SPLIT_K=k_splits > 1, SPLIT_CLUSTER=cluster, **flags)
     if CONFIG_OVERRIDE:
         cfg = dataclasses.replace(cfg, **CONFIG_OVERRIDE)
     P = GemmSm90Params()

@@ -53,6 +53,10 @@ FUSED_D_ACT = os.environ.get("CUPY_MOE_SOL080_FUSED_D_ACT", "1") != "0"
 # after grad_Wd; "early": on the main stream before the dgrad).
 EVEN_ROUNDS = frozenset(filter(None, os.environ.get("CUPY_MOE_SOL080_EVEN_ROUNDS", "").split(",")))
 WGRAD_AT = os.environ.get("CUPY_MOE_SOL080_WGRAD", "auto")
+# A/B only: where the fused 128-wide d_act leaves the router kernel no room beside it (it then goes
+# first: T = 3072, 6144), run d_act as a plain 128 x 256 GEMM (more efficient per FLOP, and its
+# even-rounds grid leaves SMs free) with the router beside it, then the elementwise SwiGLU backward.
+WIDE_D_ACT = os.environ.get("CUPY_MOE_SOL080_WIDE_D_ACT", "0") != "0"
 _side = {}  # (device, stream) -> _Side
 
 
@@ -115,6 +119,7 @@ class _Plan:
     wgrad_at: str = "auto"                # WGRAD_AT (A/B)
     wgrad_stacked: bool = True            # router.STACKED (A/B)
     split_cluster: bool = True            # gemm.SPLIT_CLUSTER: split pieces summed in the GEMM
+    act_wide: bool = False                # WIDE_D_ACT applied: plain 128 x 256 d_act (A/B)
 
     @classmethod
     def of(cls, g, wr, wg, wu, wd, gate):
@@ -131,6 +136,11 @@ class _Plan:
         d_act_tiles = cdiv(T, _D_ACT_TILE) * cdiv(I, _D_ACT_TILE)
         router_beside = CONCURRENT and d_act_on_sm90 and act_splits == 1 and (
             sms - even_round_ctas(d_act_tiles, sms) >= _ROUTER_SMS)
+        wide_tiles = cdiv(T, _D_ACT_TILE) * cdiv(I, 2 * _D_ACT_TILE)
+        act_wide = (WIDE_D_ACT and CONCURRENT and d_act_on_sm90 and act_splits == 1 and
+                    not router_beside and sms - even_round_ctas(wide_tiles, sms) >= _ROUTER_SMS)
+        if act_wide:
+            act_fused, router_beside = False, True
         if CONCURRENT and act_splits > 1:
             # Split d_act fills the SMs in one round: with fewer pieces it leaves the router
             # kernel room beside it (each piece a longer reduction: +20-50% of ~17 us, against
@@ -141,7 +151,8 @@ class _Plan:
         return cls(act_splits=act_splits, act_fused=act_fused,
                    dgrad_splits=k_splits_for(T, H, 2 * I + E) if dgrad_on_sm90 else 1,
                    router_beside=router_beside, even_rounds=EVEN_ROUNDS, wgrad_at=WGRAD_AT,
-                   wgrad_stacked=router.STACKED, split_cluster=gemm_module.SPLIT_CLUSTER)
+                   wgrad_stacked=router.STACKED, split_cluster=gemm_module.SPLIT_CLUSTER,
+                   act_wide=act_wide)
 
 
 _D_ACT_TILE = 128  # d_act's tile edge (Sm90Config.choose: 128 x 128 for n = 1408, fused or not)
@@ -274,7 +285,7 @@ def _d_act_gemm(inputs: _Inputs, ws: _Workspace, plan: _Plan) -> dict:
                     c_group_stride=T * I)
     if plan.act_fused:
         return dict(common, **swiglu)
-    return dict(common, out=ws.d_act)
+    return dict(common, out=ws.d_act, wide=plan.act_wide)
 
 
 def _finish_d_act(inputs: _Inputs, ws: _Workspace, plan: _Plan, cancel) -> None:
