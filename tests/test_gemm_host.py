@@ -255,3 +255,18 @@ def test_split_k_clusters_take_fewer_pieces_where_too_few_fit(host, monkeypatch)
     assert cluster == 5 and grid == (22 * 5,)  # 22 tiles: 24 clusters of 5 fit, 16 of 6 do not
     P = G.GemmSm90Params.from_buffer_copy(params)
     assert P.base.num_groups == 5
+
+
+def test_router_wgrad_groups_and_halves_launch_one_cluster_per_output_tile(host):
+    """gemm(sum_groups_and_halves): [hi; lo] (m = 256) in 2 token pieces, one cluster of 2 x 2
+    CTAs per 128 x 128 output tile of the [128, 4096] result, in (piece, half) order."""
+    launches, _ = host
+    a, b, out = _Array(0x1000_0000), _Array(0x2000_0000), _Array(0x9000_0000)
+    G.gemm(m=256, n=4096, segments=[G.Segment(a, 256, b, 4096, k=8192)], a_kmajor=False,
+           b_kmajor=False, out=out, ldc=4096, epilogue="f32", grouping="k", num_groups=2,
+           sum_groups_and_halves=True)
+    (mod, name, grid, block, params, smem, cluster), = launches
+    cfg = mod[1]
+    assert cfg.GROUPING == 2 and cfg.SPLIT_CLUSTER and not cfg.SPLIT_K and cfg.BN == 128
+    assert cluster == 4 and grid == (32 * 4,)
+    assert G.GemmSm90Params.from_buffer_copy(params).base.num_groups == 2

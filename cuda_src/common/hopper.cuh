@@ -105,6 +105,12 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n"
                "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
+// The number of CTAs in this CTA's cluster.
+__device__ __forceinline__ u32 cluster_size() {
+  u32 r;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(r));
+  return r;
+}
 // This CTA's rank in its cluster (0 .. cluster size - 1).
 __device__ __forceinline__ u32 cluster_rank() {
   u32 r;

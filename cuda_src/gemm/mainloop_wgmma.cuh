@@ -86,7 +86,8 @@ struct Plan {
   // SPLIT_CLUSTER: the S pieces of a tile are a cluster of S CTAs, one tile each; each leaves its
   // fp32 accumulators in its shared memory (over the idle stages) and the cluster sums them over
   // DSMEM, in piece order, a row at a time, before the epilogue (split_cluster_epilogue).
-  static_assert(!Cfg::SPLIT_CLUSTER || (Cfg::SPLIT_K && Cfg::BN == 128 && !PINGPONG && !Cfg::C_TMA &&
+  static_assert(!Cfg::SPLIT_CLUSTER || ((Cfg::SPLIT_K || Cfg::GROUPING == kKGrouped) && Cfg::BN == 128 &&
+                                        !PINGPONG && !Cfg::C_TMA &&
                                         !E_STAGED && Cfg::EPILOGUE != kAccumulateF32 &&
                                         Cfg::STAGES * STAGE_BYTES >= BM * 128 * 4),
                 "cluster split-K: cooperative 128 x 128 tiles, register epilogues");
@@ -512,9 +513,11 @@ __device__ __forceinline__ void split_cluster_epilogue(const GemmSm90Params& P, 
   __syncwarp();
   cluster_sync();
   if ((int)blockIdx.x < sched.total) {
-    const int pieces = p.num_groups, rank = (int)cluster_rank();
+    const int pieces = (int)cluster_size(), rank = (int)cluster_rank();
     const Tile tc = sched.tile(blockIdx.x);
-    const int rows = min(BM, tc.m_hi - tc.m0);
+    // K-grouped: rows m0 and m0 + m / 2 land on the same output row (the two halves add up).
+    const int out_m0 = Cfg::GROUPING == kKGrouped ? tc.m0 % (p.m / 2) : tc.m0;
+    const int rows = Cfg::GROUPING == kKGrouped ? min(BM, p.m / 2 - out_m0) : min(BM, tc.m_hi - tc.m0);
     const u32 base = smem_addr(smem);
     for (int r = rank + pieces * warp; r < rows; r += pieces * 8) {
       const u32 at = base + dacc_offset(r, lane);
@@ -539,7 +542,7 @@ __device__ __forceinline__ void split_cluster_epilogue(const GemmSm90Params& P, 
             }
           }
       }
-      split_cluster_row<Cfg>(p, tc.m0 + r, tc.m_hi, tc.n0 + 4 * lane, sum);
+      split_cluster_row<Cfg>(p, out_m0 + r, tc.m_hi, tc.n0 + 4 * lane, sum);
     }
   }
   __syncwarp();

@@ -272,7 +272,7 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
          group_offsets=None, num_groups: int = 0, c_group_stride: int = 0,
          gather_a=None, gather_b=None, gather_div: int = 1, engine: str = "auto",
          swiglu: SwigluBackward | None = None, k_splits: int = 1, cancel: int | None = None,
-         even_rounds: bool = False, wide: bool = False) -> None:
+         even_rounds: bool = False, wide: bool = False, sum_groups_and_halves: bool = False) -> None:
     """Launch one GEMM on the current stream.
 
     grouping='m': rows are experts' segments group_offsets[g]:group_offsets[g+1] of m total rows,
@@ -298,6 +298,11 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     it leaves free serve a kernel on another stream from the start, not only in the last round.
     wide: 128 x 256 tiles where the Hopper loop's cooperative consumers would otherwise take 128
     (the staged SwiGLU epilogue keeps 128).
+    sum_groups_and_halves (grouping='k' in num_groups equal pieces, epilogue 'f32', m a multiple
+    of 256): out [m / 2, n] = the sum over the pieces of rows r and r + m / 2 (the router's
+    stacked [hi; lo] rows), added in (piece, half) order inside the kernel by a cluster of
+    2 x num_groups CTAs per output tile (num_groups may drop until every cluster is resident);
+    where the Hopper loop does not apply, one ungrouped GEMM over the two halves.
 
     A launch's parameter block depends only on addresses and sizes, so it is built once per
     distinct call and replayed from a cache afterwards (repeated calls on the same buffers, as a
@@ -315,7 +320,7 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     key = (cupy.cuda.Device().id, PINGPONG, STAGED_EPILOGUE, tuple(sorted(CONFIG_OVERRIDE.items())),
            m, n, a_kmajor, b_kmajor, opt(out), ldc, epilogue, grouping, opt(group_offsets),
            num_groups, c_group_stride, opt(gather_a), opt(gather_b), gather_div, engine, k_splits,
-           cancel, even_rounds, wide,
+           cancel, even_rounds, wide, sum_groups_and_halves,
            tuple((_addr(s.a), s.lda, _addr(s.b), s.ldb, s.k, s.b_group_stride) for s in segments),
            None if sw is None else tuple(opt(a) for a in (sw.gate, sw.up, sw.dg, sw.du, sw.act,
                                                          sw.weights, sw.row_index, sw.aw, sw.dw))
@@ -323,11 +328,21 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     if k_splits > 1 and epilogue != "f32":
         assert SPLIT_CLUSTER and k_splits <= 8 and (sw is None or sw.act is None and sw.aw is None), \
             "in-kernel split-K sums: at most 8 pieces, no routed-expert SwiGLU outputs"
+    if sum_groups_and_halves:
+        assert (SPLIT_CLUSTER and grouping == "k" and group_offsets is None and epilogue == "f32"
+                and m % 256 == 0 and 1 <= num_groups <= 4 and len(segments) == 1 and not a_kmajor)
+        if engine == "mma" or not sm90_applies(m, n, segments, a_kmajor, b_kmajor, out, ldc):
+            s = segments[0]
+            halves = [Segment(s.a, s.lda, s.b, s.ldb, k=s.k),
+                      Segment(_addr(s.a) + m, s.lda, s.b, s.ldb, k=s.k)]  # m / 2 bf16 along m
+            return gemm(m=m // 2, n=n, segments=halves, a_kmajor=a_kmajor, b_kmajor=b_kmajor,
+                        out=out, ldc=ldc, epilogue="f32", engine=engine, cancel=cancel)
     launch = _prepared.get(key)
     if launch is None:
         launch = _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping,
                           group_offsets, num_groups, c_group_stride, gather_a, gather_b,
-                          gather_div, engine, sw, cancel, k_splits, even_rounds, wide)
+                          gather_div, engine, sw, cancel, k_splits, even_rounds, wide,
+                          sum_groups_and_halves)
         if len(_prepared) >= 1024:
             _prepared.clear()
         _prepared[key] = launch
@@ -383,7 +398,7 @@ class _Launch:
 
 def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, group_offsets,
              num_groups, c_group_stride, gather_a, gather_b, gather_div, engine, sw,
-             cancel=None, k_splits=1, even_rounds=False, wide=False) -> _Launch:
+             cancel=None, k_splits=1, even_rounds=False, wide=False, halves=False) -> _Launch:
     p = GemmParams()
     p.cancel = cancel or 0
     for i, s in enumerate(segments):
@@ -410,7 +425,7 @@ def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, g
                                 flags["GATHER_A"], flags["GATHER_B"])
         if why is None:
             return _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits,
-                                 even_rounds, wide)
+                                 even_rounds, wide, halves)
         if engine == "sm90":
             raise ValueError(f"the sm90 GEMM does not apply: {why}")
     if sw is not None and (sw.contract_rounding or sw.ld_grad):
@@ -464,7 +479,7 @@ def even_round_ctas(tiles: int, sms: int) -> int:
 
 
 def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
-                  even_rounds=False, wide=False) -> _Launch:
+                  even_rounds=False, wide=False, halves=False) -> _Launch:
     sms = device_sms()
     m_tiles = cdiv(m, Sm90Config.BM) + (num_groups if grouping == "m" else 0)
     c_tma = (flags["EPILOGUE"] == EPILOGUES["bf16"] and p.ldc % 8 == 0 and p.c_group_stride % 8 == 0)
@@ -472,8 +487,9 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
         pingpong = grouping == "k" and not wide_tiles_pay(n, GROUPINGS[grouping])
     else:
         pingpong = bool(PINGPONG)
-    # Split-K pieces summed in the kernel (bf16 / SwiGLU results): a cluster per tile.
-    cluster = k_splits > 1 and flags["EPILOGUE"] != EPILOGUES["f32"]
+    # Split-K pieces summed in the kernel (bf16 / SwiGLU results), or K-groups and row halves
+    # (sum_groups_and_halves): a cluster per output tile.
+    cluster = k_splits > 1 and flags["EPILOGUE"] != EPILOGUES["f32"] or halves
     if cluster:
         pingpong = c_tma = False
     staged = not pingpong and not cluster and _epilogue_staged(p, n, flags)
@@ -509,19 +525,22 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
         tiles = m_tiles * tiles_n * k_splits
     ctas = even_round_ctas(tiles, sms) if even_rounds else min(tiles, sms)
     module, smem = _sm90_module(cfg), cfg.smem_bytes(num_groups if grouping == "m" else 0)
+    size = 1  # CTAs per cluster
     if cluster:
         # One tile per CTA (a piece waits for its cluster, never for a later tile of its own), so
         # every cluster should be resident at once: a cluster's CTAs share a GPC, and fewer
         # pieces per tile fit more clusters (the sum is the same in any number of pieces, in
         # order, up to rounding; the choice depends on the shape alone: deterministic).
-        while k_splits > 2 and tiles // k_splits > (_launch.max_active_clusters(
-                module, "gemm_sm90_kernel", cfg.threads, smem, k_splits) or tiles):
-            k_splits -= 1
-            tiles = m_tiles * tiles_n * k_splits
-        P.base.num_groups = k_splits
-        ctas = tiles
+        pieces, per_piece = (num_groups, 2) if halves else (k_splits, 1)
+        outputs = tiles // (pieces * per_piece)  # output tiles = clusters
+        while pieces > (1 if halves else 2) and outputs > (_launch.max_active_clusters(
+                module, "gemm_sm90_kernel", cfg.threads, smem, pieces * per_piece) or outputs):
+            pieces -= 1
+        P.base.num_groups = pieces
+        size = pieces * per_piece
+        ctas = tiles = outputs * size
     return _Launch("sm90", module, "gemm_sm90_kernel", (ctas,), cfg.threads, smem, bytes(P),
-                   GemmSm90Params, cluster=k_splits if cluster else 1, m=m, n=n, tiles_n=tiles_n)
+                   GemmSm90Params, cluster=size, m=m, n=n, tiles_n=tiles_n)
 
 
 def k_splits_for(m: int, n: int, k: int, most: int = 8, sms: int | None = None) -> int:
@@ -611,4 +630,7 @@ def example_sm90_configs():
     for epi, n in ((3, 1408), (0, 4096)):
         out.append(Sm90Config.choose(1, n, 132, 0, False, A_KMAJOR=True, B_KMAJOR=False,
                                      EPILOGUE=epi, SPLIT_K=True, SPLIT_CLUSTER=True))
+    # The router weight gradient's K-groups and [hi; lo] halves summed inside a cluster.
+    out.append(Sm90Config.choose(2, 4096, 132, 0, False, A_KMAJOR=False, B_KMAJOR=False,
+                                 GROUPING=2, EPILOGUE=1, SPLIT_CLUSTER=True))
     return out

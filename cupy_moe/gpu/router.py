@@ -8,6 +8,7 @@ import cupy as cp
 from .. import _build, _launch
 from .._arrays import bfloat16
 from .._launch import cdiv, f32, grid_stride_blocks, i32, i64, ptr
+from . import gemm as _gemm
 from .gemm import Segment, device_sms, gemm
 
 _WARPS = 4
@@ -58,22 +59,34 @@ def weight_gradient_splits(T: int, E: int, H: int) -> int:
     GEMM would fill only 2E / 128 rows of output tiles, so the tokens are split until the GPU is
     full, keeping at least _SPLIT_ROWS tokens per piece."""
     rows = 2 * E if STACKED else E
-    return max(1, min(device_sms() // (cdiv(rows, 128) * cdiv(H, 128)), T // _SPLIT_ROWS))
+    splits = max(1, min(device_sms() // (cdiv(rows, 128) * cdiv(H, 128)), T // _SPLIT_ROWS))
+    if STACKED and _gemm.SPLIT_CLUSTER and E % 128 == 0:
+        splits = min(splits, 4)  # summed in the GEMM: a cluster holds 2 x splits <= 8 CTAs
+    return splits
+
+
+def _summed_in_the_gemm(splits: int, E: int) -> bool:
+    """Whether the split pieces are summed inside the GEMM (a cluster of the 2 x splits tiles of
+    each output tile, gemm(sum_groups_and_halves)) rather than through global memory."""
+    return STACKED and _gemm.SPLIT_CLUSTER and E % 128 == 0 and 2 * splits <= 8
 
 
 def weight_gradient_pieces_shape(T: int, E: int, H: int):
     """Shape of the fp32 pieces weight_gradient sums (None when it writes out directly)."""
     splits = weight_gradient_splits(T, E, H)
-    return None if splits == 1 else (splits, 2 * E if STACKED else E, H)
+    if splits == 1 or _summed_in_the_gemm(splits, E):
+        return None
+    return (splits, 2 * E if STACKED else E, H)
 
 
 def weight_gradient(grl, x, out, partial=None, cancel=None) -> None:
     """dL/dW_router [E, H] fp32 = (hi + lo)^T x into out, grl = [hi | lo] ([T, 2E] bf16, see
     backward_logits). Unsplit: one GEMM over the two reductions hi^T x and lo^T x. Split
     (weight_gradient_splits): one K-grouped GEMM of the stacked rows [hi^T; lo^T] x per piece of
-    the tokens (x read once, not once per half) into fp32 pieces [splits, 2E, H] (given as
-    partial, or allocated here), summed in a fixed order (hi, lo of piece 0, then of piece 1, ...:
-    deterministic). cancel: see gemm()."""
+    the tokens (x read once, not once per half), its fp32 pieces summed in a fixed order (hi, lo
+    of piece 0, then of piece 1, ...: deterministic): inside the GEMM by a cluster per output
+    tile where E is a multiple of 128 (gemm.SPLIT_CLUSTER), else through pieces [splits, 2E, H]
+    in global memory (given as partial, or allocated here) and a sum kernel. cancel: see gemm()."""
     T, E2 = grl.shape
     E, H = E2 // 2, x.shape[1]
     splits = weight_gradient_splits(T, E, H)
@@ -81,6 +94,11 @@ def weight_gradient(grl, x, out, partial=None, cancel=None) -> None:
         segments = [Segment(grl, E2, x, H, k=T), Segment(grl.data.ptr + 2 * E, E2, x, H, k=T)]
         gemm(m=E, n=H, segments=segments, a_kmajor=False, b_kmajor=False, out=out, ldc=H,
              epilogue="f32", cancel=cancel)
+        return
+    if _summed_in_the_gemm(splits, E):
+        gemm(m=E2, n=H, segments=[Segment(grl, E2, x, H, k=T)], a_kmajor=False, b_kmajor=False,
+             out=out, ldc=H, epilogue="f32", grouping="k", num_groups=splits,
+             sum_groups_and_halves=True, cancel=cancel)
         return
     rows = E2 if STACKED else E
     if partial is None:
