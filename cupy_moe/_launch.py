@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from functools import lru_cache
 
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 _CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
@@ -36,21 +37,16 @@ _PDL_ATTRIBUTE = _LaunchAttribute(id=_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SE
 _PDL_ATTRIBUTE.value[0] = 1  # programmaticStreamSerializationAllowed
 
 
+@lru_cache(maxsize=1)
 def _launch_kernel_ex():
     """The driver's cuLaunchKernelEx (CUDA 12+), or None where the driver library lacks it."""
-    global _launch_ex
-    if _launch_ex is False:
-        try:
-            f = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
-            f.restype = ctypes.c_int
-            f.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-            _launch_ex = f
-        except (OSError, AttributeError):
-            _launch_ex = None
-    return _launch_ex
-
-
-_launch_ex = False  # not looked up yet
+    try:
+        f = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
+    except (OSError, AttributeError):
+        return None
+    f.restype = ctypes.c_int
+    f.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    return f
 
 
 def ptr(a) -> ctypes.c_void_p:

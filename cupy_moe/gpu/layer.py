@@ -154,8 +154,7 @@ def backward_tail(dy, ctx: MoEContext, dx_sorted, dw_sorted, d_gate_w, d_up_w, d
                                  ctx.topk_weights, cfg)  # [T, 2E]: [hi | lo]
     d_router_w = cp.empty((E, H), cp.float32)
     router.weight_gradient(grl, x, d_router_w)
-    dx_segments = [Segment(grl, 2 * E, ctx.router_weight, H, k=E),
-                   Segment(grl.data.ptr + 2 * E, 2 * E, ctx.router_weight, H, k=E)]
+    dx_segments = [Segment(half, 2 * E, ctx.router_weight, H, k=E) for half in router.hi_lo(grl)]
 
     shared = (None, None, None)
     if cfg.n_shared_experts:

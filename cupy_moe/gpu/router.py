@@ -53,13 +53,23 @@ def backward_logits(dw_sorted, slot_rows, scores, idx, w, config):
     return grl
 
 
+def hi_lo(grl):
+    """The halves of grl = [hi | lo] ([T, 2E], backward_logits' layout) as GEMM operands with
+    row stride 2E: hi (the array itself) and lo (the address E bf16 into its first row)."""
+    return grl, grl.data.ptr + grl.shape[1]  # bytes: E bf16
+
+
+def _rows(E: int) -> int:
+    """Rows of the split weight gradient's GEMM: [hi; lo] stacked, or (the A/B path) E."""
+    return 2 * E if STACKED else E
+
+
 def weight_gradient_splits(T: int, E: int, H: int) -> int:
     """Pieces the router weight gradient's token reduction is split into (1: none). Split, it runs
     as one GEMM of 2E rows (hi and lo stacked) so that each token of x is read once; alone such a
     GEMM would fill only 2E / 128 rows of output tiles, so the tokens are split until the GPU is
     full, keeping at least _SPLIT_ROWS tokens per piece."""
-    rows = 2 * E if STACKED else E
-    splits = max(1, min(device_sms() // (cdiv(rows, 128) * cdiv(H, 128)), T // _SPLIT_ROWS))
+    splits = max(1, min(device_sms() // (cdiv(_rows(E), 128) * cdiv(H, 128)), T // _SPLIT_ROWS))
     if STACKED and _gemm.SPLIT_CLUSTER and E % 128 == 0:
         splits = min(splits, 4)  # summed in the GEMM: a cluster holds 2 x splits <= 8 CTAs
     return splits
@@ -74,9 +84,7 @@ def _summed_in_the_gemm(splits: int, E: int) -> bool:
 def weight_gradient_pieces_shape(T: int, E: int, H: int):
     """Shape of the fp32 pieces weight_gradient sums (None when it writes out directly)."""
     splits = weight_gradient_splits(T, E, H)
-    if splits == 1 or _summed_in_the_gemm(splits, E):
-        return None
-    return (splits, 2 * E if STACKED else E, H)
+    return None if splits == 1 or _summed_in_the_gemm(splits, E) else (splits, _rows(E), H)
 
 
 def weight_gradient(grl, x, out, partial=None, cancel=None) -> None:
@@ -89,24 +97,25 @@ def weight_gradient(grl, x, out, partial=None, cancel=None) -> None:
     in global memory (given as partial, or allocated here) and a sum kernel. cancel: see gemm()."""
     T, E2 = grl.shape
     E, H = E2 // 2, x.shape[1]
+    halves = [Segment(half, E2, x, H, k=T) for half in hi_lo(grl)]
     splits = weight_gradient_splits(T, E, H)
     if splits == 1:
-        segments = [Segment(grl, E2, x, H, k=T), Segment(grl.data.ptr + 2 * E, E2, x, H, k=T)]
-        gemm(m=E, n=H, segments=segments, a_kmajor=False, b_kmajor=False, out=out, ldc=H,
+        gemm(m=E, n=H, segments=halves, a_kmajor=False, b_kmajor=False, out=out, ldc=H,
              epilogue="f32", cancel=cancel)
         return
     if _summed_in_the_gemm(splits, E):
-        gemm(m=E2, n=H, segments=[Segment(grl, E2, x, H, k=T)], a_kmajor=False, b_kmajor=False,
-             out=out, ldc=H, epilogue="f32", grouping="k", num_groups=splits,
-             sum_groups_and_halves=True, cancel=cancel)
+        gemm(m=E2, n=H, segments=halves[:1], a_kmajor=False, b_kmajor=False, out=out, ldc=H,
+             epilogue="f32", grouping="k", num_groups=splits, sum_groups_and_halves=True,
+             cancel=cancel)
         return
-    rows = E2 if STACKED else E
+    shape = weight_gradient_pieces_shape(T, E, H)
+    _, rows, _ = shape
     if partial is None:
-        partial = cp.empty((splits, rows, H), cp.float32)
-    segments = ([Segment(grl, E2, x, H, k=T)] if STACKED else
-                [Segment(grl, E2, x, H, k=T), Segment(grl.data.ptr + 2 * E, E2, x, H, k=T)])
-    gemm(m=rows, n=H, segments=segments, a_kmajor=False, b_kmajor=False, out=partial, ldc=H,
-         epilogue="f32", grouping="k", num_groups=splits, c_group_stride=rows * H, cancel=cancel)
+        partial = cp.empty(shape, cp.float32)
+    # Stacked, the hi segment's 2E rows are [hi; lo]: one segment reads each token of x once.
+    gemm(m=rows, n=H, segments=halves[:1] if STACKED else halves, a_kmajor=False, b_kmajor=False,
+         out=partial, ldc=H, epilogue="f32", grouping="k", num_groups=splits,
+         c_group_stride=rows * H, cancel=cancel)
     n = E * H
     _launch.launch(_module(), "sum_splits", (grid_stride_blocks(n),), (256,),
                    [ptr(partial), i32(splits * rows // E), i64(n), ptr(out), ptr(cancel)])
