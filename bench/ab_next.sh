@@ -17,6 +17,7 @@ export PYTHONPATH=. CUPY_MOE_CACHE_DIR=${CUPY_MOE_CACHE_DIR:-/tmp/cupy_moe_cache
     tests/test_gpu_router.py tests/test_determinism.py > /tmp/t_sol.txt 2>&1
   wait
   tail -n 3 /tmp/t_gemm.txt /tmp/t_layer.txt /tmp/t_sol.txt
+  cp /tmp/t_gemm.txt /tmp/t_layer.txt /tmp/t_sol.txt "${OUT:-/tmp}/" 2>/dev/null
   echo "== SOL-080: base / cluster=0 / wide=1"
   timeout 150 python3 bench/ab_sol080_plans.py base cluster=0 wide=1 2>&1
   for v in "CUPY_MOE_SPLIT_CLUSTER=1 T=192" "CUPY_MOE_SPLIT_CLUSTER=0 T=192" \
