@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Branch wip/next (session 8's unrun work) on the device, in one call (~5 min): the GPU tests it
-# touches, then SOL-080's 16 workloads with the branch's plan, with every in-kernel cluster sum
-# off (cluster=0: split-K pieces and the router wgrad's pieces through global memory and sum
-# kernels), and with the wide d_act at T = 3072 / 6144 (wide=1), interleaved; then timelines. Every step under a
-# timeout: a cluster barrier that never completes would hang its kernel.
+# Branch wip/next on the device, in one call (~5 min): the GPU tests it touches, then SOL-080's 16
+# workloads interleaved: the branch's plan (base), d_act's and the dgrad's split-K cluster sums off
+# (scluster=0), the router wgrad's in-GEMM sum off (rcluster=0), every cluster sum off (cluster=0),
+# the element-by-element SwiGLU contract (packed=0, must give the same bits); then timelines of
+# T = 8192 with and without the router wgrad's in-GEMM sum. Every step under a timeout: a cluster
+# barrier that never completes would hang its kernel.
 # Usage (device): bash bench/ab_next.sh; log ${OUT:-/tmp}/ab_next.txt
 cd "$(dirname "$0")/.."
 export PYTHONPATH=. CUPY_MOE_CACHE_DIR=${CUPY_MOE_CACHE_DIR:-/tmp/cupy_moe_cache}
@@ -18,12 +19,11 @@ export PYTHONPATH=. CUPY_MOE_CACHE_DIR=${CUPY_MOE_CACHE_DIR:-/tmp/cupy_moe_cache
   wait
   tail -n 3 /tmp/t_gemm.txt /tmp/t_layer.txt /tmp/t_sol.txt
   cp /tmp/t_gemm.txt /tmp/t_layer.txt /tmp/t_sol.txt "${OUT:-/tmp}/" 2>/dev/null
-  echo "== SOL-080: base / cluster=0 / wide=1"
-  timeout 150 python3 bench/ab_sol080_plans.py base cluster=0 wide=1 2>&1
-  for v in "CUPY_MOE_SPLIT_CLUSTER=1 T=192" "CUPY_MOE_SPLIT_CLUSTER=0 T=192" \
-           "CUPY_MOE_SOL080_WIDE_D_ACT=0 T=6144" "CUPY_MOE_SOL080_WIDE_D_ACT=1 T=6144"; do
+  echo "== SOL-080: base / scluster=0 / rcluster=0 / cluster=0 / packed=0"
+  timeout 240 python3 bench/ab_sol080_plans.py base scluster=0 rcluster=0 cluster=0 packed=0 2>&1
+  for v in "CUPY_MOE_ROUTER_WGRAD_CLUSTER=1 8192" "CUPY_MOE_ROUTER_WGRAD_CLUSTER=0 8192"; do
     echo "== timeline $v"
-    env ${v% *} timeout 60 python3 bench/profile_kernels.py sol080 ${v#*T=} 2>&1 | grep -v "^ *$"
+    env ${v% *} timeout 60 python3 bench/profile_kernels.py sol080 ${v#* } 2>&1 | grep -v "^ *$"
   done
 } > "${OUT:-/tmp}/ab_next.txt" 2>&1
 cat "${OUT:-/tmp}/ab_next.txt"

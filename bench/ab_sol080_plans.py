@@ -4,7 +4,9 @@ variant's bit for bit (the knobs move launches between streams and SMs, never th
 
 A variant is a comma list of knob=value: even=wd+wgu+dgrad (sol080.EVEN_ROUNDS), wgrad=auto|side|
 side-early|early (sol080.WGRAD_AT), pdl=0|1 (_launch.PDL), stack=0|1 (router.STACKED),
-cluster=0|1 (gemm.SPLIT_CLUSTER), wide=0|1 (sol080.WIDE_D_ACT); "base" is the defaults, e.g.
+cluster=0|1 (gemm.SPLIT_CLUSTER: every in-GEMM cluster sum), scluster=0|1 (sol080.SPLIT_CLUSTER:
+d_act's and the dgrad's), rcluster=0|1 (router.SUM_IN_GEMM: the router wgrad's), packed=0|1 (gemm.Sm90Config.PACKED_CONTRACT through
+CONFIG_OVERRIDE: the same bits), wide=0|1 (sol080.WIDE_D_ACT); "base" is the defaults, e.g.
 `python bench/ab_sol080_plans.py base even=wgu wgrad=side-early pdl=0`.
 Usage (device): PYTHONPATH=. python bench/ab_sol080_plans.py [--reps 20] [--T 192,8192] VARIANT...
 """
@@ -45,7 +47,14 @@ def main():
         router.STACKED = knobs.pop("stack", "1") != "0"
         gemm.SPLIT_CLUSTER = knobs.pop("cluster", "1") != "0"
         sol080.WIDE_D_ACT = knobs.pop("wide", "0") != "0"
+        sol080.SPLIT_CLUSTER = knobs.pop("scluster", "1") != "0"
+        router.SUM_IN_GEMM = knobs.pop("rcluster", "1") != "0"
+        gemm.CONFIG_OVERRIDE = {} if knobs.pop("packed", "1") != "0" else {"PACKED_CONTRACT": False}
         assert not knobs, f"unknown knobs {knobs}"
+
+    def arith():  # the knobs that change the order of an fp32 sum or the SwiGLU kernel
+        return (router.STACKED, sol080.WIDE_D_ACT, gemm.SPLIT_CLUSTER, sol080.SPLIT_CLUSTER,
+                router.SUM_IN_GEMM)
 
     table = {v: [] for v in args.variants}
     print(f"{'T':>6} " + " ".join(f"{v:>16}" for v in args.variants))
@@ -57,9 +66,9 @@ def main():
             use(v)
             outs = [o.copy() for o in cupy_moe.sol080_backward(*a)]
             if first is None:
-                first, arithmetic0 = outs, (router.STACKED, sol080.WIDE_D_ACT, gemm.SPLIT_CLUSTER)
+                first, arithmetic0 = outs, arith()
             same = [bool(cp.array_equal(o.view(cp.uint8), f.view(cp.uint8))) for o, f in zip(outs, first)]
-            if (router.STACKED, sol080.WIDE_D_ACT, gemm.SPLIT_CLUSTER) != arithmetic0:
+            if arith() != arithmetic0:
                 # another order of the router wgrad's sum, another SwiGLU kernel: rounding only
                 same = [sa or float(cp.linalg.norm(o.astype(cp.float32) - f.astype(cp.float32))
                                     / cp.linalg.norm(f.astype(cp.float32))) < 1e-2

@@ -259,24 +259,47 @@ __device__ __forceinline__ void store_tile_direct(const GemmParams& p, const Til
   }
 }
 
+// bf16(a * b) on packed pairs. A product of two bf16 values is exact in fp32 (8 x 8 significand
+// bits), so this equals rounding the fp32 product: the same bits in one instruction for two.
+__device__ __forceinline__ u32 mul_bf16x2(u32 a, u32 b) {
+  u32 r;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+
 // dg, du (packed bf16 pairs) of two adjacent elements from da' (d), gate and up (packed bf16
-// pairs) and the row's routing weight w; contract: SOL-080's rounding points, no weight.
+// pairs) and the row's routing weight w; contract: SOL-080's rounding points, no weight. PACKED
+// (Cfg::PACKED_CONTRACT): the contract's products of two bf16 values as mul_bf16x2, the same
+// bits with fewer instructions (the epilogue's math competes with the MMAs for issue slots);
+// else element by element in fp32 (the A/B path).
+template <bool PACKED>
 __device__ __forceinline__ void swiglu_grad_pair(const float (&d)[2], u32 g2, u32 u2, float w, bool contract,
                                                  u32& dg2, u32& du2) {
-  const u32 gb[2] = {g2 & 0xffff, g2 >> 16}, ub[2] = {u2 & 0xffff, u2 >> 16};
-  float dg[2], du[2];
+  const float gv[2] = {bf16_to_f32(g2 & 0xffff), bf16_to_f32(g2 >> 16)};
+  float sg[2], dg[2], du[2];
+  #pragma unroll
+  for (int e = 0; e < 2; ++e) sg[e] = sigmoid_fast(gv[e]);
+  if (contract && PACKED) {  // sol080.md: d_act = bf16(.), t = bf16(d_act u), du = d_act bf16(silu(g))
+    const u32 da2 = pack_bf16x2(d[0], d[1]);
+    const u32 t2 = mul_bf16x2(da2, u2);
+    du2 = mul_bf16x2(da2, pack_bf16x2(gv[0] * sg[0], gv[1] * sg[1]));
+    const float t[2] = {bf16_to_f32(t2 & 0xffff), bf16_to_f32(t2 >> 16)};
+    #pragma unroll
+    for (int e = 0; e < 2; ++e) dg[e] = t[e] * sg[e] * (1.f + gv[e] * (1.f - sg[e]));
+    dg2 = pack_bf16x2(dg[0], dg[1]);
+    return;
+  }
+  const float uv[2] = {bf16_to_f32(u2 & 0xffff), bf16_to_f32(u2 >> 16)};
   #pragma unroll
   for (int e = 0; e < 2; ++e) {
-    const float gv = bf16_to_f32(gb[e]), uv = bf16_to_f32(ub[e]);
-    const float sg = sigmoid_fast(gv);
-    if (contract) {  // sol080.md: d_act = bf16(.), t = bf16(d_act u), du = d_act bf16(silu(g))
+    if (contract) {
       const float da = round_bf16(d[e]);
-      dg[e] = round_bf16(da * uv) * sg * (1.f + gv * (1.f - sg));
-      du[e] = da * round_bf16(gv * sg);
+      dg[e] = round_bf16(da * uv[e]) * sg[e] * (1.f + gv[e] * (1.f - sg[e]));
+      du[e] = da * round_bf16(gv[e] * sg[e]);
     } else {
       const float da = w * d[e];
-      dg[e] = da * uv * (sg * (1.f + gv * (1.f - sg)));
-      du[e] = da * (gv * sg);
+      dg[e] = da * uv[e] * (sg[e] * (1.f + gv[e] * (1.f - sg[e])));
+      du[e] = da * (gv[e] * sg[e]);
     }
   }
   dg2 = pack_bf16x2(dg[0], dg[1]);
@@ -331,7 +354,7 @@ __device__ __forceinline__ void swiglu_backward_tile(const GemmParams& p, const 
         const i64 at = (i64)row * p.ldc + col, at_grad = (i64)row * ld_grad + col;
         const float d[2] = {acc[4 * (jb + j) + 2 * h], acc[4 * (jb + j) + 2 * h + 1]};
         u32 dg2, du2;
-        swiglu_grad_pair(d, g2[j][h], u2[j][h], w[h], p.e_contract, dg2, du2);
+        swiglu_grad_pair<Cfg::PACKED_CONTRACT>(d, g2[j][h], u2[j][h], w[h], p.e_contract, dg2, du2);
         *(u32*)((bf16_t*)p.e_dg + at_grad) = dg2;
         *(u32*)((bf16_t*)p.e_du + at_grad) = du2;
         if (routed) {
@@ -412,8 +435,8 @@ struct EpilogueRows {
       const float4 d = *(const float4*)(dacc + dacc_offset(r, lane));
       const float lo[2] = {d.x, d.y}, hi[2] = {d.z, d.w};
       uint2 dg, du;
-      swiglu_grad_pair(lo, g2[q].x, u2[q].x, w[q], contract, dg.x, du.x);
-      swiglu_grad_pair(hi, g2[q].y, u2[q].y, w[q], contract, dg.y, du.y);
+      swiglu_grad_pair<Cfg::PACKED_CONTRACT>(lo, g2[q].x, u2[q].x, w[q], contract, dg.x, du.x);
+      swiglu_grad_pair<Cfg::PACKED_CONTRACT>(hi, g2[q].y, u2[q].y, w[q], contract, dg.y, du.y);
       const i64 at = (i64)row * p.ldc + col, at_grad = (i64)row * ld_grad + col;
       if (col_ok) {
         *(uint2*)((bf16_t*)p.e_dg + at_grad) = dg;
@@ -482,8 +505,8 @@ __device__ __forceinline__ void split_cluster_row(const GemmParams& p, int row, 
     const float w = swiglu_row_weight(p, row, m_hi);
     const float lo[2] = {d.x, d.y}, hi[2] = {d.z, d.w};
     u32 dg[2], du[2];
-    swiglu_grad_pair(lo, g2[0], u2[0], w, p.e_contract != 0, dg[0], du[0]);
-    swiglu_grad_pair(hi, g2[1], u2[1], w, p.e_contract != 0, dg[1], du[1]);
+    swiglu_grad_pair<Cfg::PACKED_CONTRACT>(lo, g2[0], u2[0], w, p.e_contract != 0, dg[0], du[0]);
+    swiglu_grad_pair<Cfg::PACKED_CONTRACT>(hi, g2[1], u2[1], w, p.e_contract != 0, dg[1], du[1]);
     const i64 at_grad = (i64)row * (p.e_ld_grad ? p.e_ld_grad : p.ldc) + col;
     u32* dgp = (u32*)((bf16_t*)p.e_dg + at_grad);
     u32* dup = (u32*)((bf16_t*)p.e_du + at_grad);

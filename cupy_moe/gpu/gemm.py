@@ -149,6 +149,8 @@ class Sm90Config:
     SPLIT_K: bool = False  # fp32 pieces of the reduction (ungrouped GEMMs; the kernel reads
     # their count in GemmParams.num_groups)
     SPLIT_CLUSTER: bool = False  # the pieces of a tile are a cluster that sums them itself
+    PACKED_CONTRACT: bool = True  # SOL-080's SwiGLU contract with bf16x2 products (same bits;
+    # False: element by element, the A/B path through CONFIG_OVERRIDE)
 
     BM = 128
     BK = 64

@@ -16,6 +16,9 @@ _SPLIT_ROWS = 256  # token rows per split at least: the fp32 partials' round tri
 # A/B only: 0 runs the split weight gradient as before (the hi and lo halves as two reductions of
 # E rows each, so every piece reads its tokens of x twice).
 STACKED = os.environ.get("CUPY_MOE_ROUTER_WGRAD_STACKED", "1") != "0"
+# A/B only: 0 sums the stacked pieces through global memory and sum_splits even where a cluster
+# could sum them inside the GEMM (gemm.SPLIT_CLUSTER must be on too).
+SUM_IN_GEMM = os.environ.get("CUPY_MOE_ROUTER_WGRAD_CLUSTER", "1") != "0"
 
 
 def _module():
@@ -70,7 +73,7 @@ def weight_gradient_splits(T: int, E: int, H: int) -> int:
     GEMM would fill only 2E / 128 rows of output tiles, so the tokens are split until the GPU is
     full, keeping at least _SPLIT_ROWS tokens per piece."""
     splits = max(1, min(device_sms() // (cdiv(_rows(E), 128) * cdiv(H, 128)), T // _SPLIT_ROWS))
-    if STACKED and _gemm.SPLIT_CLUSTER and E % 128 == 0:
+    if _cluster_sums(E):
         splits = min(splits, 4)  # summed in the GEMM: a cluster holds 2 x splits <= 8 CTAs
     return splits
 
@@ -78,7 +81,11 @@ def weight_gradient_splits(T: int, E: int, H: int) -> int:
 def _summed_in_the_gemm(splits: int, E: int) -> bool:
     """Whether the split pieces are summed inside the GEMM (a cluster of the 2 x splits tiles of
     each output tile, gemm(sum_groups_and_halves)) rather than through global memory."""
-    return STACKED and _gemm.SPLIT_CLUSTER and E % 128 == 0 and 2 * splits <= 8
+    return _cluster_sums(E) and 2 * splits <= 8
+
+
+def _cluster_sums(E: int) -> bool:
+    return STACKED and SUM_IN_GEMM and _gemm.SPLIT_CLUSTER and E % 128 == 0
 
 
 def weight_gradient_pieces_shape(T: int, E: int, H: int):
