@@ -47,7 +47,7 @@ def main():
         router.STACKED = knobs.pop("stack", "1") != "0"
         gemm.SPLIT_CLUSTER = knobs.pop("cluster", "1") != "0"
         sol080.WIDE_D_ACT = knobs.pop("wide", "0") != "0"
-        sol080.SPLIT_CLUSTER = knobs.pop("scluster", "1") != "0"
+        sol080.SPLIT_CLUSTER = knobs.pop("scluster", "0") != "0"
         router.SUM_IN_GEMM = knobs.pop("rcluster", "1") != "0"
         gemm.CONFIG_OVERRIDE = {} if knobs.pop("packed", "1") != "0" else {"PACKED_CONTRACT": False}
         assert not knobs, f"unknown knobs {knobs}"

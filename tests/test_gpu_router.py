@@ -17,12 +17,14 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_memory")]
                                    (8192, 128, 4096), (2053, 256, 384)])
 def test_weight_gradient(T, E, H, stacked, cluster, monkeypatch):
     """cluster (gemm.SPLIT_CLUSTER): the stacked pieces summed inside the GEMM, a cluster of the
-    2 x splits tiles of each output tile (E a multiple of 128), or through global memory."""
+    2 x splits tiles of each output tile (E a multiple of 128; at every T here, past the T where
+    the library stops choosing it), or through global memory."""
     import cupy as cp
     from cupy_moe.gpu import gemm, router
 
     monkeypatch.setattr(router, "STACKED", stacked)
     monkeypatch.setattr(gemm, "SPLIT_CLUSTER", cluster)
+    monkeypatch.setattr(router, "_CLUSTER_SUM_MAX_T", 1 << 30)
     rng = np.random.default_rng(T + E)
     grl = rng.standard_normal((T, E)) * 1e-3
     hi = grl.astype(np.float32).astype(bfloat16)

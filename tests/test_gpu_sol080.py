@@ -45,12 +45,14 @@ def test_workloads_pass_rule(T, atol):
 @pytest.mark.parametrize("T", [1, 5, 130])
 def test_split_k_at_glm_size(T, split_cluster, monkeypatch):
     """The small-T split-K paths at GLM-4.5-Air sizes (d_act in 8 / 8 / 5 pieces, the dgrad in 4 /
-    4 / 2): the pieces summed in the GEMM by a cluster per tile (gemm.SPLIT_CLUSTER), or through
-    global memory and the sum kernels (the A/B path); both deterministic to the bit."""
+    4 / 2): the pieces summed in the GEMM by a cluster per tile (gemm and sol080.SPLIT_CLUSTER,
+    an A/B path), or through global memory and the sum kernels (the default); both deterministic
+    to the bit."""
     import cupy as cp
-    from cupy_moe.gpu import gemm
+    from cupy_moe.gpu import gemm, sol080
 
     monkeypatch.setattr(gemm, "SPLIT_CLUSTER", split_cluster)
+    monkeypatch.setattr(sol080, "SPLIT_CLUSTER", split_cluster)
     out, ref = _run(T, seed=T + 11)
     for name, o, r in zip(NAMES, out, ref):
         if name == "grad_router_weight":

@@ -73,25 +73,29 @@ def weight_gradient_splits(T: int, E: int, H: int) -> int:
     GEMM would fill only 2E / 128 rows of output tiles, so the tokens are split until the GPU is
     full, keeping at least _SPLIT_ROWS tokens per piece."""
     splits = max(1, min(device_sms() // (cdiv(_rows(E), 128) * cdiv(H, 128)), T // _SPLIT_ROWS))
-    if _cluster_sums(E):
-        splits = min(splits, 4)  # summed in the GEMM: a cluster holds 2 x splits <= 8 CTAs
+    if _summed_in_the_gemm(T, E):
+        splits = min(splits, 4)  # a cluster holds the 2 x splits (piece, half) tiles: <= 8 CTAs
     return splits
 
 
-def _summed_in_the_gemm(splits: int, E: int) -> bool:
-    """Whether the split pieces are summed inside the GEMM (a cluster of the 2 x splits tiles of
-    each output tile, gemm(sum_groups_and_halves)) rather than through global memory."""
-    return _cluster_sums(E) and 2 * splits <= 8
+# The pieces are summed inside the GEMM up to this many tokens, through global memory above it.
+# SOL-080 A/B (bench/NOTES.md v0.9): in the GEMM 5-8 us faster at T = 997 .. 3089 (no sum_splits
+# launch at the end of the call), 7-15 us slower at T >= 3719, where the clusters of 4 are not all
+# resident beside the dgrad, gemm() halves the pieces, and each CTA's reduction doubles.
+_CLUSTER_SUM_MAX_T = 3200
 
 
-def _cluster_sums(E: int) -> bool:
-    return STACKED and SUM_IN_GEMM and _gemm.SPLIT_CLUSTER and E % 128 == 0
+def _summed_in_the_gemm(T: int, E: int) -> bool:
+    """Whether split pieces are summed inside the GEMM (a cluster of the 2 x splits (piece, half)
+    tiles of each output tile, gemm(sum_groups_and_halves)) rather than through global memory."""
+    return (STACKED and SUM_IN_GEMM and _gemm.SPLIT_CLUSTER and E % 128 == 0
+            and T <= _CLUSTER_SUM_MAX_T)
 
 
 def weight_gradient_pieces_shape(T: int, E: int, H: int):
     """Shape of the fp32 pieces weight_gradient sums (None when it writes out directly)."""
     splits = weight_gradient_splits(T, E, H)
-    return None if splits == 1 or _summed_in_the_gemm(splits, E) else (splits, _rows(E), H)
+    return None if splits == 1 or _summed_in_the_gemm(T, E) else (splits, _rows(E), H)
 
 
 def weight_gradient(grl, x, out, partial=None, cancel=None) -> None:
@@ -100,7 +104,7 @@ def weight_gradient(grl, x, out, partial=None, cancel=None) -> None:
     (weight_gradient_splits): one K-grouped GEMM of the stacked rows [hi^T; lo^T] x per piece of
     the tokens (x read once, not once per half), its fp32 pieces summed in a fixed order (hi, lo
     of piece 0, then of piece 1, ...: deterministic): inside the GEMM by a cluster per output
-    tile where E is a multiple of 128 (gemm.SPLIT_CLUSTER), else through pieces [splits, 2E, H]
+    tile where E is a multiple of 128 and T is at most _CLUSTER_SUM_MAX_T, else through pieces [splits, 2E, H]
     in global memory (given as partial, or allocated here) and a sum kernel. cancel: see gemm()."""
     T, E2 = grl.shape
     E, H = E2 // 2, x.shape[1]
@@ -110,7 +114,7 @@ def weight_gradient(grl, x, out, partial=None, cancel=None) -> None:
         gemm(m=E, n=H, segments=halves, a_kmajor=False, b_kmajor=False, out=out, ldc=H,
              epilogue="f32", cancel=cancel)
         return
-    if _summed_in_the_gemm(splits, E):
+    if _summed_in_the_gemm(T, E):
         gemm(m=E2, n=H, segments=halves[:1], a_kmajor=False, b_kmajor=False, out=out, ldc=H,
              epilogue="f32", grouping="k", num_groups=splits, sum_groups_and_halves=True,
              cancel=cancel)

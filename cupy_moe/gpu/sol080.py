@@ -57,9 +57,10 @@ WGRAD_AT = os.environ.get("CUPY_MOE_SOL080_WGRAD", "auto")
 # first: T = 3072, 6144), run d_act as a plain 128 x 256 GEMM (more efficient per FLOP, and its
 # even-rounds grid leaves SMs free) with the router beside it, then the elementwise SwiGLU backward.
 WIDE_D_ACT = os.environ.get("CUPY_MOE_SOL080_WIDE_D_ACT", "0") != "0"
-# A/B only: 0 sums small-T d_act's and the dgrad's split-K pieces through global memory and the sum
-# kernels even where gemm.SPLIT_CLUSTER would sum them in the GEMM.
-SPLIT_CLUSTER = os.environ.get("CUPY_MOE_SOL080_SPLIT_CLUSTER", "1") != "0"
+# A/B only: 1 sums small-T d_act's and the dgrad's split-K pieces in the GEMM, a cluster per tile
+# (gemm.SPLIT_CLUSTER), instead of through global memory and the sum kernels: 1.5-5 us slower at
+# T <= 384 (bench/NOTES.md v0.9).
+SPLIT_CLUSTER = os.environ.get("CUPY_MOE_SOL080_SPLIT_CLUSTER", "0") != "0"
 _side = {}  # (device, stream) -> _Side
 
 
@@ -121,7 +122,7 @@ class _Plan:
     even_rounds: frozenset = frozenset()  # EVEN_ROUNDS (A/B)
     wgrad_at: str = "auto"                # WGRAD_AT (A/B)
     wgrad_stacked: bool = True            # router.STACKED (A/B)
-    split_cluster: bool = True            # gemm.SPLIT_CLUSTER and SPLIT_CLUSTER: split pieces summed in the GEMM
+    split_cluster: bool = False           # gemm.SPLIT_CLUSTER and SPLIT_CLUSTER: split pieces summed in the GEMM
     wgrad_cluster: bool = True            # router.SUM_IN_GEMM (A/B)
     act_wide: bool = False                # WIDE_D_ACT applied: plain 128 x 256 d_act (A/B)
 
