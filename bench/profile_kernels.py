@@ -23,14 +23,14 @@ from cupy_moe import _launch
 def traced(calls):
     original = _launch.launch
 
-    def launch(module, name, grid, block, args, shared_mem=0):
+    def launch(module, name, grid, block, args, shared_mem=0, **kw):
         where = next((f"{f.filename.split('cupy_moe/')[-1]}:{f.lineno}"
                       for f in reversed(traceback.extract_stack()[:-1])
                       if "cupy_moe/" in f.filename and "_launch.py" not in f.filename
                       and "gemm.py" not in f.filename), "?")
         start, end = cp.cuda.Event(), cp.cuda.Event()
         start.record()
-        original(module, name, grid, block, args, shared_mem)
+        original(module, name, grid, block, args, shared_mem, **kw)
         end.record()
         calls.append((where, name, grid, start, end))
 

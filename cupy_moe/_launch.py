@@ -16,6 +16,7 @@ import os
 from functools import lru_cache
 
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+_CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
 _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 PDL = os.environ.get("CUPY_MOE_PDL", "1") != "0"
 _smem_set = {}
@@ -79,16 +80,10 @@ def grid_stride_blocks(n: int, threads: int = 256) -> int:
     return min(132 * 8, cdiv(n, threads))
 
 
-def launch(module, name: str, grid, block, args, shared_mem: int = 0) -> None:
-    """Launch module's kernel `name` on the current stream. A grid with a zero extent is a no-op
-    (empty problems, e.g. T = 0); any driver error raises CUDADriverError here."""
-    import cupy
+def _function(module, name: str, shared_mem: int) -> int:
+    """The kernel's CUfunction handle, allowed shared_mem bytes of dynamic shared memory."""
     from cupy.cuda import driver
 
-    grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
-    block = tuple(int(b) for b in block) + (1,) * (3 - len(block))
-    if min(grid) <= 0:
-        return
     key = (id(module), name)
     fn = _functions.get(key)
     if fn is None:  # modules live as long as the process (_build caches them), so ids stay valid
@@ -97,15 +92,58 @@ def launch(module, name: str, grid, block, args, shared_mem: int = 0) -> None:
     if shared_mem > 48 * 1024 and _smem_set.get(fn, 0) < shared_mem:
         driver.funcSetAttribute(fn, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_mem)
         _smem_set[fn] = shared_mem
+    return fn
+
+
+def max_active_clusters(module, name: str, threads: int, shared_mem: int, cluster: int):
+    """How many clusters of `cluster` CTAs of the kernel the device holds at once (a cluster's
+    CTAs share a GPC, so this is not SMs // cluster), or None where the driver cannot say."""
+    try:
+        f = ctypes.CDLL("libcuda.so.1").cuOccupancyMaxActiveClusters
+    except (OSError, AttributeError):
+        return None
+    f.restype = ctypes.c_int
+    f.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.POINTER(_LaunchConfig)]
+    fn = _function(module, name, shared_mem)
+    attrs = (_LaunchAttribute * 1)(_cluster_attribute(cluster))
+    config = _LaunchConfig((ctypes.c_uint * 3)(cluster, 1, 1), (ctypes.c_uint * 3)(threads, 1, 1),
+                           int(shared_mem), None, attrs, 1)
+    count = ctypes.c_int(0)
+    return count.value if f(ctypes.byref(count), fn, ctypes.byref(config)) == 0 else None
+
+
+def _cluster_attribute(size: int) -> _LaunchAttribute:
+    attr = _LaunchAttribute(id=_CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
+    attr.value[0], attr.value[1], attr.value[2] = size, 1, 1
+    return attr
+
+
+def launch(module, name: str, grid, block, args, shared_mem: int = 0, cluster: int = 1) -> None:
+    """Launch module's kernel `name` on the current stream. A grid with a zero extent is a no-op
+    (empty problems, e.g. T = 0); any driver error raises CUDADriverError here. cluster > 1:
+    consecutive groups of that many CTAs along x form thread-block clusters (grid[0] a multiple)."""
+    import cupy
+    from cupy.cuda import driver
+
+    grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
+    block = tuple(int(b) for b in block) + (1,) * (3 - len(block))
+    if min(grid) <= 0:
+        return
+    fn = _function(module, name, shared_mem)
     params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
     stream = cupy.cuda.get_current_stream().ptr
-    launch_ex = _launch_kernel_ex() if PDL else None
+    attrs = ([_PDL_ATTRIBUTE] if PDL else []) + ([_cluster_attribute(cluster)] if cluster > 1 else [])
+    launch_ex = _launch_kernel_ex() if attrs else None
     if launch_ex is None:
+        if cluster > 1:
+            raise RuntimeError("a cluster launch needs the driver's cuLaunchKernelEx (CUDA 12+)")
         driver.launchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2],
                             int(shared_mem), stream, ctypes.addressof(params), 0)
         return
+    assert grid[0] % cluster == 0, (grid, cluster)
+    array = (_LaunchAttribute * len(attrs))(*attrs)
     config = _LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), int(shared_mem),
-                           stream, ctypes.pointer(_PDL_ATTRIBUTE), 1)
+                           stream, array, len(attrs))
     status = launch_ex(ctypes.byref(config), fn, ctypes.addressof(params), None)
     if status != 0:
         raise driver.CUDADriverError(status)

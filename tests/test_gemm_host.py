@@ -24,6 +24,7 @@ def host(monkeypatch):
     monkeypatch.setattr(G, "_prepared", {})
     monkeypatch.setattr(G, "_sm90_module", lambda cfg: ("sm90", cfg))
     monkeypatch.setattr(G, "_module", lambda cfg: ("mma", cfg))
+    monkeypatch.setattr(G._launch, "max_active_clusters", lambda *a: None)  # the driver's answer
     monkeypatch.setattr(tma, "_encoded", {})
 
     def encode(desc, address, dims, strides, box):  # deterministic bytes per map
@@ -32,8 +33,9 @@ def host(monkeypatch):
 
     monkeypatch.setattr(tma, "_encode", encode)
     launches, prepares = [], []
-    monkeypatch.setattr(G._launch, "launch", lambda mod, name, grid, block, args, smem:
-                        launches.append((mod, name, grid, block, bytes(args[0]), smem)))
+    monkeypatch.setattr(G._launch, "launch", lambda mod, name, grid, block, args, smem, cluster=1:
+                        launches.append((mod, name, grid, block, bytes(args[0]), smem) +
+                                        ((cluster,) if cluster > 1 else ())))
     real_prepare = G._prepare
     monkeypatch.setattr(G, "_prepare", lambda *a: prepares.append(a) or real_prepare(*a))
     return launches, prepares
@@ -219,3 +221,52 @@ def test_split_k_and_even_round_launches(host, splits, even, ctas):
     assert kind == "sm90" and cfg.SPLIT_K == (splits > 1) and grid[0] == ctas
     base = G.GemmSm90Params.from_buffer_copy(params).base
     assert base.num_groups == (splits if splits > 1 else 0)
+
+
+@pytest.mark.parametrize("epilogue,n", [("bf16", 4096), ("swiglu_backward", 1408)])
+def test_split_k_with_a_final_epilogue_launches_a_cluster_per_tile(host, epilogue, n):
+    """k_splits with a bf16 or SwiGLU result: the S pieces of each 128 x 128 tile are one cluster
+    of S CTAs (grid = tiles x S, no persistent rounds), the config sums them in the kernel."""
+    launches, _ = host
+    a, b, out = _Array(0x1000_0000), _Array(0x2000_0000), _Array(0x9000_0000)
+    sw = None
+    if epilogue == "swiglu_backward":
+        sw = G.SwigluBackward(gate=_Array(0x3000_0000), up=_Array(0x4000_0000),
+                              dg=_Array(0x5000_0000), du=_Array(0x5000_0000 + 2 * n),
+                              ld_grad=2 * n, contract_rounding=True)
+    G.gemm(m=192, n=n, segments=[G.Segment(a, 4096, b, n, k=4096)], a_kmajor=True,
+           b_kmajor=False, out=out, ldc=n, epilogue=epilogue, swiglu=sw, k_splits=5)
+    (mod, name, grid, block, _, smem, cluster), = launches
+    cfg = mod[1]
+    assert cfg.SPLIT_K and cfg.SPLIT_CLUSTER and cfg.BN == 128 and not cfg.C_TMA and not cfg.PINGPONG
+    assert cluster == 5 and grid == (2 * G.cdiv(n, 128) * 5,)
+
+
+def test_split_k_clusters_take_fewer_pieces_where_too_few_fit(host, monkeypatch):
+    """The driver says how many clusters of S CTAs fit at once (they share a GPC); with one tile
+    per CTA every cluster should be resident, so S drops until they all fit (never below 2)."""
+    launches, _ = host
+    fits = {8: 8, 7: 8, 6: 16, 5: 24, 4: 32}  # e.g. 16-SM GPCs
+    monkeypatch.setattr(G._launch, "max_active_clusters", lambda m, n, t, s, cluster: fits[cluster])
+    a, b, out = _Array(0x1000_0000), _Array(0x2000_0000), _Array(0x9000_0000)
+    G.gemm(m=192, n=1408, segments=[G.Segment(a, 4096, b, 1408, k=4096)], a_kmajor=True,
+           b_kmajor=False, out=out, ldc=1408, epilogue="bf16", k_splits=8)
+    (mod, name, grid, block, params, smem, cluster), = launches
+    assert cluster == 5 and grid == (22 * 5,)  # 22 tiles: 24 clusters of 5 fit, 16 of 6 do not
+    P = G.GemmSm90Params.from_buffer_copy(params)
+    assert P.base.num_groups == 5
+
+
+def test_router_wgrad_groups_and_halves_launch_one_cluster_per_output_tile(host):
+    """gemm(sum_groups_and_halves): [hi; lo] (m = 256) in 2 token pieces, one cluster of 2 x 2
+    CTAs per 128 x 128 output tile of the [128, 4096] result, in (piece, half) order."""
+    launches, _ = host
+    a, b, out = _Array(0x1000_0000), _Array(0x2000_0000), _Array(0x9000_0000)
+    G.gemm(m=256, n=4096, segments=[G.Segment(a, 256, b, 4096, k=8192)], a_kmajor=False,
+           b_kmajor=False, out=out, ldc=4096, epilogue="f32", grouping="k", num_groups=2,
+           sum_groups_and_halves=True)
+    (mod, name, grid, block, params, smem, cluster), = launches
+    cfg = mod[1]
+    assert cfg.GROUPING == 2 and cfg.SPLIT_CLUSTER and not cfg.SPLIT_K and cfg.BN == 128
+    assert cluster == 4 and grid == (32 * 4,)
+    assert G.GemmSm90Params.from_buffer_copy(params).base.num_groups == 2

@@ -126,6 +126,34 @@ def test_split_k_pieces_sum_to_the_product(splits, a_kmajor, b_kmajor, engine):
         assert sum(not p.any() for p in pieces) == (splits - 21 if splits > 21 else 0)
 
 
+@pytest.mark.parametrize("splits", [2, 5, 8])
+@pytest.mark.parametrize("m", [1, 136, 300])
+@ENGINES
+def test_split_k_summed_in_the_kernel(splits, m, engine):
+    """k_splits with a bf16 result: the pieces of each tile (on the Hopper loop a thread-block
+    cluster of `splits` CTAs) are summed in piece order inside the GEMM; the portable loop runs
+    unsplit. The bf16 product, the same bits on a second call; the output's padding keeps its
+    poison (nothing is written past n)."""
+    import cupy as cp
+    from cupy_moe.gpu.gemm import Segment
+
+    rng = np.random.default_rng(splits + m)
+    n, ks = 200, (1000, 72, 136)
+    As = [_bf16(rng, m, k) for k in ks]
+    Bs = [_bf16(rng, k, n) for k in ks]
+    ref = sum(_f(a) @ _f(b) for a, b in zip(As, Bs))
+    segments = [Segment(cp.asarray(a), k, cp.asarray(b), n, k=k) for a, b, k in zip(As, Bs, ks)]
+    outs = []
+    for _ in range(2):
+        out = cp.empty((m, n + 8), bfloat16)  # 8 columns of padding past n
+        _run(engine, m=m, n=n, segments=segments, a_kmajor=True, b_kmajor=False, out=out,
+             ldc=n + 8, epilogue="bf16", k_splits=splits)
+        outs.append(out.get())
+    assert relative_error(_f(outs[0][:, :n]), ref) < 1e-2
+    np.testing.assert_array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16))
+    assert np.isnan(_f(outs[0][:, n:])).all()
+
+
 @ENGINES
 def test_a_set_cancel_word_means_the_launch_does_nothing(engine):
     """gemm(cancel=address): the kernel reads the int there when it starts; nonzero, it leaves

@@ -21,6 +21,16 @@ def _run(T, H=4096, I=1408, E=128, K=8, seed=0):
     return out, ref
 
 
+def _assert_router_residue(o, r, T):
+    """grad_router_weight is an fp32 rounding residue (sol080.md): only its scale is comparable;
+    with a handful of tokens both an all-zero and a non-zero residue are right, so non-zero is
+    asked only where many rows make an all-zero result impossible in practice."""
+    scale = np.abs(r).max()
+    assert np.abs(o.get() - r).max() <= 4 * scale + 1e-30
+    if T >= 64:
+        assert np.abs(o.get()).max() > 0
+
+
 @pytest.mark.parametrize("T,atol", SOL080_WORKLOADS)
 def test_workloads_pass_rule(T, atol):
     out, ref = _run(T, seed=T)
@@ -29,6 +39,31 @@ def test_workloads_pass_rule(T, atol):
         assert res, (name, res.reason)
         if name != "grad_router_weight":
             assert relative_error(o, r) < 1e-2, name
+
+
+@pytest.mark.parametrize("split_cluster", [True, False])
+@pytest.mark.parametrize("T", [1, 5, 130])
+def test_split_k_at_glm_size(T, split_cluster, monkeypatch):
+    """The small-T split-K paths at GLM-4.5-Air sizes (d_act in 8 / 8 / 5 pieces, the dgrad in 4 /
+    4 / 2): the pieces summed in the GEMM by a cluster per tile (gemm and sol080.SPLIT_CLUSTER,
+    an A/B path), or through global memory and the sum kernels (the default); both deterministic
+    to the bit."""
+    import cupy as cp
+    from cupy_moe.gpu import gemm, sol080
+
+    monkeypatch.setattr(gemm, "SPLIT_CLUSTER", split_cluster)
+    monkeypatch.setattr(sol080, "SPLIT_CLUSTER", split_cluster)
+    out, ref = _run(T, seed=T + 11)
+    for name, o, r in zip(NAMES, out, ref):
+        if name == "grad_router_weight":
+            _assert_router_residue(o, r, T)
+        else:
+            assert sol080_pass_rule(o, r, 0.1), name
+            assert relative_error(o, r) < 1e-2, name
+    a = make_sol080_inputs(T, seed=T + 11)
+    again = cupy_moe.sol080_backward(**{k: cp.asarray(v) for k, v in a.items()})
+    for name, o, o2 in zip(NAMES, out, again):
+        assert cp.array_equal(o.view(cp.uint8), o2.view(cp.uint8)), name
 
 
 @pytest.mark.parametrize("T,H,I,E,K", [(1, 64, 24, 8, 2), (7, 36, 13, 6, 3), (333, 128, 40, 16, 4),
@@ -40,13 +75,7 @@ def test_small_shapes(T, H, I, E, K):
         assert o.dtype == r.dtype and o.shape == r.shape, name
         assert np.isfinite(o.get().astype(np.float32)).all(), name
         if name == "grad_router_weight":
-            # fp32 rounding residue (sol080.md): only its scale is comparable; with a handful of
-            # tokens both an all-zero and a non-zero residue are right, so non-zero is asked
-            # only where many rows make an all-zero result impossible in practice.
-            scale = np.abs(r).max()
-            assert np.abs(o.get() - r).max() <= 4 * scale + 1e-30
-            if T >= 64:
-                assert np.abs(o.get()).max() > 0
+            _assert_router_residue(o, r, T)
         else:
             assert relative_error(o, r) < 1e-2, name
 
@@ -230,3 +259,33 @@ def test_unfused_d_act_passes_like_the_fused_one(T, atol, monkeypatch):
         assert sol080_pass_rule(o, r, atol), name
         if name != "grad_router_weight":
             assert relative_error(o, r) < 1e-2, name
+
+
+@pytest.mark.parametrize("T,atol", [(3072, 0.26), (6144, 0.25)])
+def test_wide_d_act_passes_like_the_fused_one(T, atol, monkeypatch):
+    """CUPY_MOE_SOL080_WIDE_D_ACT=1 (an A/B knob): where the fused d_act leaves the router no
+    room, d_act runs as a plain 128 x 256 GEMM (its last column tile half past n = 1408) with the
+    router kernel beside it, then the elementwise SwiGLU backward."""
+    from cupy_moe.gpu import sol080 as gpu_sol080
+
+    monkeypatch.setattr(gpu_sol080, "WIDE_D_ACT", True)
+    out, ref = _run(T, seed=T + 2)
+    for name, o, r in zip(NAMES, out, ref):
+        assert sol080_pass_rule(o, r, atol), name
+        if name != "grad_router_weight":
+            assert relative_error(o, r) < 1e-2, name
+
+
+@pytest.mark.parametrize("T", [997, 2053])
+def test_packed_contract_gives_the_same_bits(T, monkeypatch):
+    """The fused d_act's SwiGLU contract with bf16x2 products (Sm90Config.PACKED_CONTRACT, the
+    default) writes exactly what the element-by-element fp32 form writes."""
+    import cupy as cp
+    from cupy_moe.gpu import gemm
+
+    a = {k: cp.asarray(v) for k, v in make_sol080_inputs(T, seed=T + 5).items()}
+    packed = [o.copy() for o in cupy_moe.sol080_backward(**a)]
+    monkeypatch.setattr(gemm, "CONFIG_OVERRIDE", {"PACKED_CONTRACT": False})
+    plain = cupy_moe.sol080_backward(**a)
+    for name, o, o2 in zip(NAMES, packed, plain):
+        assert cp.array_equal(o.view(cp.uint8), o2.view(cp.uint8)), name

@@ -65,16 +65,36 @@ def test_the_unfused_ab_knob_keeps_the_router_beside(plan_of, monkeypatch):
     assert (p.act_splits, p.act_fused, p.router_beside) == (1, False, True)
 
 
-@pytest.mark.parametrize("T,stacked,shape", [
-    (300, True, None),                    # too few tokens to split: hi^T x + lo^T x, straight out
-    (511, True, None),
-    (512, True, (2, 2 * E, H)),           # [hi; lo] = 2 x 32 tiles of 128: two pieces fill 128 SMs
-    (8192, True, (2, 2 * E, H)),
-    (512, False, (2, E, H)),              # the A/B path: 32 tiles, pieces of >= 256 tokens
-    (8192, False, (4, E, H))])
-def test_router_wgrad_pieces(plan_of, monkeypatch, T, stacked, shape):
-    from cupy_moe.gpu import router
+@pytest.mark.parametrize("T,stacked,cluster,shape", [
+    (300, True, True, None),                 # too few tokens to split: hi^T x + lo^T x, straight out
+    (511, True, False, None),
+    (512, True, True, None),                 # 2 pieces x [hi; lo]: summed inside the GEMM
+    (3200, True, True, None),
+    (3201, True, True, (2, 2 * E, H)),       # through global memory above _CLUSTER_SUM_MAX_T
+    (8192, True, True, (2, 2 * E, H)),
+    (512, True, False, (2, 2 * E, H)),       # [hi; lo] = 2 x 32 tiles of 128: two pieces fill 128 SMs
+    (8192, True, False, (2, 2 * E, H)),
+    (512, False, True, (2, E, H)),           # the A/B path: 32 tiles, pieces of >= 256 tokens
+    (8192, False, False, (4, E, H))])
+def test_router_wgrad_pieces(plan_of, monkeypatch, T, stacked, cluster, shape):
+    from cupy_moe.gpu import gemm, router
 
     monkeypatch.setattr(router, "STACKED", stacked)
+    monkeypatch.setattr(gemm, "SPLIT_CLUSTER", cluster)
     assert router.weight_gradient_pieces_shape(T, E, H) == shape
-    assert plan_of(T).wgrad_stacked is stacked  # in the graph key: a change re-captures
+    p = plan_of(T)  # both knobs are in the graph key: a change re-captures
+    assert p.wgrad_stacked == stacked and not p.split_cluster  # sol080.SPLIT_CLUSTER: off
+
+
+def test_the_wide_d_act_knob_frees_room_for_the_router(plan_of, monkeypatch):
+    """CUPY_MOE_SOL080_WIDE_D_ACT (A/B): where the fused 128 x 128 d_act fills the SMs (T = 3072,
+    6144), a plain 128 x 256 d_act on its even-rounds grid (144 tiles on 72 CTAs; 288 on 96)
+    leaves the router room beside it; elsewhere nothing changes."""
+    from cupy_moe.gpu import sol080
+
+    monkeypatch.setattr(sol080, "WIDE_D_ACT", True)
+    for T in (3072, 6144):
+        p = plan_of(T)
+        assert (p.act_wide, p.act_fused, p.router_beside) == (True, False, True)
+    for T in (192, 2053, 8192):
+        assert not plan_of(T).act_wide

@@ -81,8 +81,16 @@ struct Plan {
   static_assert(Cfg::EPILOGUE != kSwigluBackward || Cfg::GROUPING != kKGrouped, "row epilogue");
   static_assert(PRODUCER_REGS * PRODUCER_THREADS + CONSUMER_REGS * 128 * CONSUMER_WARPGROUPS <= 65536, "regs");
   static_assert(Cfg::GROUPING != kMGrouped || Cfg::A_KMAJOR, "M-grouped GEMMs take a K-major A");
-  static_assert(!Cfg::SPLIT_K || (Cfg::GROUPING == kNone && Cfg::EPILOGUE == kStoreF32),
-                "split-K: fp32 pieces of an ungrouped GEMM");
+  static_assert(!Cfg::SPLIT_K || (Cfg::GROUPING == kNone && (Cfg::EPILOGUE == kStoreF32 || Cfg::SPLIT_CLUSTER)),
+                "split-K: fp32 pieces of an ungrouped GEMM, or summed in their cluster");
+  // SPLIT_CLUSTER: the S pieces of a tile are a cluster of S CTAs, one tile each; each leaves its
+  // fp32 accumulators in its shared memory (over the idle stages) and the cluster sums them over
+  // DSMEM, in piece order, a row at a time, before the epilogue (split_cluster_epilogue).
+  static_assert(!Cfg::SPLIT_CLUSTER || ((Cfg::SPLIT_K || Cfg::GROUPING == kKGrouped) && Cfg::BN == 128 &&
+                                        !PINGPONG && !Cfg::C_TMA &&
+                                        !E_STAGED && Cfg::EPILOGUE != kAccumulateF32 &&
+                                        Cfg::STAGES * STAGE_BYTES >= BM * 128 * 4),
+                "cluster split-K: cooperative 128 x 128 tiles, register epilogues");
   static_assert(Cfg::GROUPING != kKGrouped || (!Cfg::A_KMAJOR && !Cfg::B_KMAJOR),
                 "K-grouped GEMMs reduce over memory lines: both operands MN-major");
   static_assert(!E_STAGED || (Cfg::EPILOGUE == kSwigluBackward && !PINGPONG && !Cfg::C_TMA && !CPA &&
@@ -93,7 +101,7 @@ struct Plan {
 };
 
 template <class Cfg>
-using Scheduler = TileScheduler<BM, Cfg::BN, Cfg::GROUPING, Cfg::SPLIT_K>;
+using Scheduler = TileScheduler<BM, Cfg::BN, Cfg::GROUPING, Cfg::SPLIT_K, Cfg::SPLIT_CLUSTER>;
 
 // cp.async copy of memory lines [line0, line0 + LINES) x columns [col0, col0 + WIDTH) into the
 // swizzled layout (K-major: LINES rows of WIDTH = 64; MN-major: LINES = 64 k rows of WIDTH
@@ -251,24 +259,47 @@ __device__ __forceinline__ void store_tile_direct(const GemmParams& p, const Til
   }
 }
 
+// bf16(a * b) on packed pairs. A product of two bf16 values is exact in fp32 (8 x 8 significand
+// bits), so this equals rounding the fp32 product: the same bits in one instruction for two.
+__device__ __forceinline__ u32 mul_bf16x2(u32 a, u32 b) {
+  u32 r;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+
 // dg, du (packed bf16 pairs) of two adjacent elements from da' (d), gate and up (packed bf16
-// pairs) and the row's routing weight w; contract: SOL-080's rounding points, no weight.
+// pairs) and the row's routing weight w; contract: SOL-080's rounding points, no weight. PACKED
+// (Cfg::PACKED_CONTRACT): the contract's products of two bf16 values as mul_bf16x2, the same
+// bits with fewer instructions (the epilogue's math competes with the MMAs for issue slots);
+// else element by element in fp32 (the A/B path).
+template <bool PACKED>
 __device__ __forceinline__ void swiglu_grad_pair(const float (&d)[2], u32 g2, u32 u2, float w, bool contract,
                                                  u32& dg2, u32& du2) {
-  const u32 gb[2] = {g2 & 0xffff, g2 >> 16}, ub[2] = {u2 & 0xffff, u2 >> 16};
-  float dg[2], du[2];
+  const float gv[2] = {bf16_to_f32(g2 & 0xffff), bf16_to_f32(g2 >> 16)};
+  float sg[2], dg[2], du[2];
+  #pragma unroll
+  for (int e = 0; e < 2; ++e) sg[e] = sigmoid_fast(gv[e]);
+  if (contract && PACKED) {  // sol080.md: d_act = bf16(.), t = bf16(d_act u), du = d_act bf16(silu(g))
+    const u32 da2 = pack_bf16x2(d[0], d[1]);
+    const u32 t2 = mul_bf16x2(da2, u2);
+    du2 = mul_bf16x2(da2, pack_bf16x2(gv[0] * sg[0], gv[1] * sg[1]));
+    const float t[2] = {bf16_to_f32(t2 & 0xffff), bf16_to_f32(t2 >> 16)};
+    #pragma unroll
+    for (int e = 0; e < 2; ++e) dg[e] = t[e] * sg[e] * (1.f + gv[e] * (1.f - sg[e]));
+    dg2 = pack_bf16x2(dg[0], dg[1]);
+    return;
+  }
+  const float uv[2] = {bf16_to_f32(u2 & 0xffff), bf16_to_f32(u2 >> 16)};
   #pragma unroll
   for (int e = 0; e < 2; ++e) {
-    const float gv = bf16_to_f32(gb[e]), uv = bf16_to_f32(ub[e]);
-    const float sg = sigmoid_fast(gv);
-    if (contract) {  // sol080.md: d_act = bf16(.), t = bf16(d_act u), du = d_act bf16(silu(g))
+    if (contract) {
       const float da = round_bf16(d[e]);
-      dg[e] = round_bf16(da * uv) * sg * (1.f + gv * (1.f - sg));
-      du[e] = da * round_bf16(gv * sg);
+      dg[e] = round_bf16(da * uv[e]) * sg[e] * (1.f + gv[e] * (1.f - sg[e]));
+      du[e] = da * round_bf16(gv[e] * sg[e]);
     } else {
       const float da = w * d[e];
-      dg[e] = da * uv * (sg * (1.f + gv * (1.f - sg)));
-      du[e] = da * (gv * sg);
+      dg[e] = da * uv[e] * (sg[e] * (1.f + gv[e] * (1.f - sg[e])));
+      du[e] = da * (gv[e] * sg[e]);
     }
   }
   dg2 = pack_bf16x2(dg[0], dg[1]);
@@ -323,7 +354,7 @@ __device__ __forceinline__ void swiglu_backward_tile(const GemmParams& p, const 
         const i64 at = (i64)row * p.ldc + col, at_grad = (i64)row * ld_grad + col;
         const float d[2] = {acc[4 * (jb + j) + 2 * h], acc[4 * (jb + j) + 2 * h + 1]};
         u32 dg2, du2;
-        swiglu_grad_pair(d, g2[j][h], u2[j][h], w[h], p.e_contract, dg2, du2);
+        swiglu_grad_pair<Cfg::PACKED_CONTRACT>(d, g2[j][h], u2[j][h], w[h], p.e_contract, dg2, du2);
         *(u32*)((bf16_t*)p.e_dg + at_grad) = dg2;
         *(u32*)((bf16_t*)p.e_du + at_grad) = du2;
         if (routed) {
@@ -404,8 +435,8 @@ struct EpilogueRows {
       const float4 d = *(const float4*)(dacc + dacc_offset(r, lane));
       const float lo[2] = {d.x, d.y}, hi[2] = {d.z, d.w};
       uint2 dg, du;
-      swiglu_grad_pair(lo, g2[q].x, u2[q].x, w[q], contract, dg.x, du.x);
-      swiglu_grad_pair(hi, g2[q].y, u2[q].y, w[q], contract, dg.y, du.y);
+      swiglu_grad_pair<Cfg::PACKED_CONTRACT>(lo, g2[q].x, u2[q].x, w[q], contract, dg.x, du.x);
+      swiglu_grad_pair<Cfg::PACKED_CONTRACT>(hi, g2[q].y, u2[q].y, w[q], contract, dg.y, du.y);
       const i64 at = (i64)row * p.ldc + col, at_grad = (i64)row * ld_grad + col;
       if (col_ok) {
         *(uint2*)((bf16_t*)p.e_dg + at_grad) = dg;
@@ -447,6 +478,98 @@ __device__ __forceinline__ void swiglu_epilogue_warps(const GemmSm90Params& P,
     }
     mbar_arrive(&epi_bar[1]);  // this thread's reads of the buffer are done
   }
+}
+
+// One row's 4 columns (col .. col + 3, a lane's share) of a cluster-summed split-K tile: stored
+// as bf16 or fp32, or turned into the SwiGLU backward's dg, du (no routed-expert outputs: aw and
+// the row partials need the whole row in one CTA). n is even: col + 2 < n says whether the
+// second pair is real.
+template <class Cfg>
+__device__ __forceinline__ void split_cluster_row(const GemmParams& p, int row, int m_hi, int col, float4 d) {
+  if (col >= p.n) return;
+  const bool pair2 = col + 2 < p.n;
+  const i64 at = (i64)row * p.ldc + col;
+  if constexpr (Cfg::EPILOGUE == kStoreBf16) {
+    u32* dst = (u32*)((bf16_t*)p.c + at);
+    dst[0] = pack_bf16x2(d.x, d.y);
+    if (pair2) dst[1] = pack_bf16x2(d.z, d.w);
+  } else if constexpr (Cfg::EPILOGUE == kStoreF32) {
+    float2* dst = (float2*)((float*)p.c + at);
+    dst[0] = make_float2(d.x, d.y);
+    if (pair2) dst[1] = make_float2(d.z, d.w);
+  } else if constexpr (Cfg::EPILOGUE == kSwigluBackward) {
+    const u32* gate = (const u32*)((const bf16_t*)p.e_gate + at);
+    const u32* up = (const u32*)((const bf16_t*)p.e_up + at);
+    const u32 g2[2] = {__ldg(gate), pair2 ? __ldg(gate + 1) : 0u};
+    const u32 u2[2] = {__ldg(up), pair2 ? __ldg(up + 1) : 0u};
+    const float w = swiglu_row_weight(p, row, m_hi);
+    const float lo[2] = {d.x, d.y}, hi[2] = {d.z, d.w};
+    u32 dg[2], du[2];
+    swiglu_grad_pair<Cfg::PACKED_CONTRACT>(lo, g2[0], u2[0], w, p.e_contract != 0, dg[0], du[0]);
+    swiglu_grad_pair<Cfg::PACKED_CONTRACT>(hi, g2[1], u2[1], w, p.e_contract != 0, dg[1], du[1]);
+    const i64 at_grad = (i64)row * (p.e_ld_grad ? p.e_ld_grad : p.ldc) + col;
+    u32* dgp = (u32*)((bf16_t*)p.e_dg + at_grad);
+    u32* dup = (u32*)((bf16_t*)p.e_du + at_grad);
+    dgp[0] = dg[0];
+    dup[0] = du[0];
+    if (pair2) {
+      dgp[1] = dg[1];
+      dup[1] = du[1];
+    }
+  }
+}
+
+// Cluster split-K (Cfg::SPLIT_CLUSTER): the sum of the tile's pieces, in piece order, and the
+// epilogue on it. Each CTA of the cluster has staged its piece's fp32 accumulators in its own
+// shared memory (the dacc layout, over the idle stages); CTA rank q takes rows q, q + S, q + 2 S,
+// ... of the tile, its 8 consumer warps a row at a time, a lane 4 columns, reading every piece's
+// row from its CTA over DSMEM (four loads in flight, then their adds in piece order: the same
+// bits whichever CTA sums a row). Run by the consumer warps (warp 0 .. 7); every thread of the
+// CTA takes part in both cluster barriers (the producer warpgroup on its own path, kernel_body):
+// the first makes the pieces visible, the second keeps each CTA's shared memory until its peers
+// have read it.
+template <class Cfg>
+__device__ __forceinline__ void split_cluster_epilogue(const GemmSm90Params& P, const Scheduler<Cfg>& sched,
+                                                       u8* smem, int warp, int lane) {
+  constexpr int MAX_PIECES = 8, IN_FLIGHT = 4;
+  const GemmParams& p = P.base;
+  __syncwarp();
+  cluster_sync();
+  if ((int)blockIdx.x < sched.total) {
+    const int pieces = (int)cluster_size(), rank = (int)cluster_rank();
+    const Tile tc = sched.tile(blockIdx.x);
+    // K-grouped: rows m0 and m0 + m / 2 land on the same output row (the two halves add up).
+    const int out_m0 = Cfg::GROUPING == kKGrouped ? tc.m0 % (p.m / 2) : tc.m0;
+    const int rows = Cfg::GROUPING == kKGrouped ? min(BM, p.m / 2 - out_m0) : min(BM, tc.m_hi - tc.m0);
+    const u32 base = smem_addr(smem);
+    for (int r = rank + pieces * warp; r < rows; r += pieces * 8) {
+      const u32 at = base + dacc_offset(r, lane);
+      float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+      #pragma unroll
+      for (int q0 = 0; q0 < MAX_PIECES; q0 += IN_FLIGHT) {  // IN_FLIGHT loads, then their adds
+        if (q0 >= pieces) break;
+        float4 v[IN_FLIGHT];
+        #pragma unroll
+        for (int q = 0; q < IN_FLIGHT; ++q)
+          if (q0 + q < pieces) v[q] = ld_peer_f4(peer_smem_addr(at, q0 + q));
+        #pragma unroll
+        for (int q = 0; q < IN_FLIGHT; ++q)
+          if (q0 + q < pieces) {
+            if (q0 + q == 0) {
+              sum = v[0];  // not 0 + v: the same bits as a sum that starts from piece 0
+            } else {
+              sum.x += v[q].x;
+              sum.y += v[q].y;
+              sum.z += v[q].z;
+              sum.w += v[q].w;
+            }
+          }
+      }
+      split_cluster_row<Cfg>(p, out_m0 + r, tc.m_hi, tc.n0 + 4 * lane, sum);
+    }
+  }
+  __syncwarp();
+  cluster_sync();
 }
 
 // bf16 rows of one warpgroup (its 64-row blocks) through its shared-memory staging buffer
@@ -575,6 +698,11 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
     #pragma unroll
     for (int b = 0; b < HV; ++b) fence_operands(acc[b]);
     if (prev >= 0) release(prev);
+    if constexpr (Cfg::SPLIT_CLUSTER) {  // summed in the cluster (split_cluster_epilogue)
+      named_barrier(6, 128 * CONSUMER_WARPGROUPS);  // both warpgroups' MMAs are done with the stages
+      stage_accumulators<Cfg>(acc[0], smem, wg, tid);
+      continue;
+    }
     if constexpr (L::E_STAGED) {  // hand da' to the epilogue warps once they are done with the last
       mbar_wait(&epi_bar[1], (i & 1) ^ 1);
       stage_accumulators<Cfg>(acc[0], smem + L::DACC, wg, tid);
@@ -633,10 +761,16 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
       setmaxnreg_dec<L::PRODUCER_REGS>();
     }
     producer<Cfg>(P, sched, smem, full, empty, tid);
+    if constexpr (Cfg::SPLIT_CLUSTER) {  // the producer's part of the cluster's two barriers
+      __syncwarp();  // (on its own path: these warps run on the producer's few registers)
+      cluster_sync();
+      cluster_sync();
+    }
   } else if (tid < MAIN_THREADS) {
     if constexpr (!L::E_STAGED) setmaxnreg_inc<L::CONSUMER_REGS>();
     const int c = tid - PRODUCER_THREADS;
     consumer<Cfg>(P, sched, smem, full, empty, turn, epi_bar, c / 128, c % 128);
+    if constexpr (Cfg::SPLIT_CLUSTER) split_cluster_epilogue<Cfg>(P, sched, smem, c / 32, tid % 32);
   } else if constexpr (L::E_STAGED) {  // the epilogue warpgroup (no threads past MAIN_THREADS otherwise)
     swiglu_epilogue_warps<Cfg>(P, sched, smem + L::DACC, epi_bar, 3 + (tid - MAIN_THREADS) / 32, tid % 32);
   }

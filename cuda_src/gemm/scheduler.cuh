@@ -6,7 +6,11 @@
 // Split-K (SPLIT: ungrouped GEMMs, num_groups = S pieces): the reduction, every segment's k-tiles in
 // order, is cut into S nearly equal runs of k-tiles; piece s of every output tile goes to the
 // fp32 partial C + s * c_group_stride (the caller sums the pieces in a fixed order). Pieces are
-// the outermost index, so CTAs running together share operands as without the split.
+// the outermost index, so CTAs running together share operands as without the split; or, when
+// the pieces of a tile form a thread-block cluster (PIECES_INNER, one tile per CTA), the innermost:
+// CTA t is piece t % S of tile t / S, and its rank in the cluster is its piece. K-grouped with
+// PIECES_INNER: the groups and the two halves of the rows whose products add up (the router's
+// stacked [hi; lo], gemm(sum_groups_and_halves)) form the cluster, in (group, half) order.
 #pragma once
 #include "../common/types.cuh"
 #include "kinds.cuh"
@@ -20,9 +24,10 @@ struct Tile {
   int k_lo, k_hi;   // K-grouped: the group's reduction lines; split-K: the piece's k-tiles
 };
 
-template <int BM, int BN, int GROUPING, bool SPLIT, int BK = 64>
+template <int BM, int BN, int GROUPING, bool SPLIT, bool PIECES_INNER = false, int BK = 64>
 struct TileScheduler {
   static_assert(!SPLIT || GROUPING == kNone, "split-K pieces of ungrouped GEMMs only");
+  static_assert(!PIECES_INNER || SPLIT || GROUPING == kKGrouped, "pieces innermost: split-K or K-grouped");
   const GemmParams& p;
   const int* tile_start;  // M-grouped: first m-tile of each group, num_groups + 1 entries (smem)
   int tiles_m, tiles_n, total;
@@ -65,15 +70,31 @@ struct TileScheduler {
       c.m0 = p.group_offsets[lo] + (mt - tile_start[lo]) * BM;
       c.m_hi = p.group_offsets[lo + 1];
     } else if constexpr (GROUPING == kKGrouped) {
-      c.group = mt / tiles_m;
-      c.m0 = (mt % tiles_m) * BM;
+      if constexpr (PIECES_INNER) {
+        // The rows' two halves and the groups of one output tile innermost, (group, half) order:
+        // CTA t is half t % 2 of group t / 2 % G of row block b of column tile n (tiles_m = 2B).
+        const int B = tiles_m / 2, half = t % 2, rest = t / (2 * p.num_groups);
+        c.group = t / 2 % p.num_groups;
+        c.m0 = (half * B + rest % B) * BM;
+        c.n0 = rest / B * BN;
+      } else {
+        c.group = mt / tiles_m;
+        c.m0 = (mt % tiles_m) * BM;
+      }
       c.k_lo = k_group_start(p, c.group);
       c.k_hi = k_group_start(p, c.group + 1);
     } else if constexpr (SPLIT) {
       int all = 0;  // k-tiles of the whole reduction
       for (int s = 0; s < p.num_segments; ++s) all += (p.seg_k[s] + BK - 1) / BK;
-      c.group = mt / tiles_m;  // the piece
-      c.m0 = (mt % tiles_m) * BM;
+      if constexpr (PIECES_INNER) {
+        const int tile = t / p.num_groups;
+        c.group = t % p.num_groups;  // the piece
+        c.n0 = (tile % tiles_n) * BN;
+        c.m0 = (tile / tiles_n) * BM;
+      } else {
+        c.group = mt / tiles_m;  // the piece
+        c.m0 = (mt % tiles_m) * BM;
+      }
       c.k_lo = (int)((long long)all * c.group / p.num_groups);
       c.k_hi = (int)((long long)all * (c.group + 1) / p.num_groups);
     } else {

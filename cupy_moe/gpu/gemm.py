@@ -36,6 +36,10 @@ STAGED_EPILOGUE = os.environ.get("CUPY_MOE_STAGED_EPILOGUE", "1") != "0"
 # Benchmarks only: Sm90Config fields forced onto every Hopper config choose() makes (tile studies;
 # the caller keeps the result within shared memory). Empty in normal use.
 CONFIG_OVERRIDE: dict = {}
+# k_splits with a bf16 or SwiGLU epilogue: the pieces of a tile form a thread-block cluster and are
+# summed over DSMEM before the epilogue (Cfg::SPLIT_CLUSTER). 0: the fp32 pieces go through
+# global memory and the caller's kernel instead (A/B; see gpu/sol080.py).
+SPLIT_CLUSTER = os.environ.get("CUPY_MOE_SPLIT_CLUSTER", "1") != "0"
 GROUPINGS = {"none": 0, "m": 1, "k": 2}
 EPILOGUES = {"bf16": 0, "f32": 1, "f32_accumulate": 2, "swiglu_backward": 3}
 ENGINES = ("auto", "sm90", "mma")
@@ -144,6 +148,9 @@ class Sm90Config:
     E_STAGED: bool = False  # SwiGLU backward on the producer's spare warps from staged fp32 da'
     SPLIT_K: bool = False  # fp32 pieces of the reduction (ungrouped GEMMs; the kernel reads
     # their count in GemmParams.num_groups)
+    SPLIT_CLUSTER: bool = False  # the pieces of a tile are a cluster that sums them itself
+    PACKED_CONTRACT: bool = True  # SOL-080's SwiGLU contract with bf16x2 products (same bits;
+    # False: element by element, the A/B path through CONFIG_OVERRIDE)
 
     BM = 128
     BK = 64
@@ -162,18 +169,19 @@ class Sm90Config:
 
     @classmethod
     def choose(cls, m_tiles: int, n: int, sms: int, num_groups: int = 0, pingpong: bool = False,
-               **flags) -> "Sm90Config":
-        """Cooperative: 128 for the staged SwiGLU epilogue, else BN 256 where wide_tiles_pay and
-        every SM still gets a tile, 64 for narrow outputs, else 128. Ping-pong: BN 64 for
-        narrow outputs, else 128 (a warpgroup holds the whole 128 x BN accumulator). STAGES: as
-        many as fit, at most 8 (ping-pong) or 4 / 6 / 8 by BN, one fewer with TMA stores."""
+               wide: bool = False, **flags) -> "Sm90Config":
+        """Cooperative: 128 for the staged SwiGLU epilogue, else BN 256 where asked (wide) or
+        where wide_tiles_pay and every SM still gets a tile, 64 for narrow outputs, else 128.
+        Ping-pong: BN 64 for narrow outputs, else 128 (a warpgroup holds the whole 128 x BN
+        accumulator). STAGES: as many as fit, at most 8 (ping-pong) or 4 / 6 / 8 by BN, one
+        fewer with TMA stores."""
         if pingpong:
             bn = 64 if n <= 64 else 128
             most = 8
         else:
-            if flags.get("E_STAGED"):
+            if flags.get("E_STAGED") or flags.get("SPLIT_CLUSTER"):
                 bn = 128
-            elif wide_tiles_pay(n, flags.get("GROUPING", 0)) and m_tiles * cdiv(n, 256) >= sms:
+            elif wide or wide_tiles_pay(n, flags.get("GROUPING", 0)) and m_tiles * cdiv(n, 256) >= sms:
                 bn = 256
             elif n <= 64:
                 bn = 64
@@ -266,7 +274,7 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
          group_offsets=None, num_groups: int = 0, c_group_stride: int = 0,
          gather_a=None, gather_b=None, gather_div: int = 1, engine: str = "auto",
          swiglu: SwigluBackward | None = None, k_splits: int = 1, cancel: int | None = None,
-         even_rounds: bool = False) -> None:
+         even_rounds: bool = False, wide: bool = False, sum_groups_and_halves: bool = False) -> None:
     """Launch one GEMM on the current stream.
 
     grouping='m': rows are experts' segments group_offsets[g]:group_offsets[g+1] of m total rows,
@@ -281,18 +289,30 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     order) cut into S pieces whose fp32 products go to out + s * c_group_stride; the caller sums
     them (in a fixed order: deterministic). For GEMMs with few output tiles and a long reduction
     (k_splits_for). Where the Hopper loop does not apply, piece 0 holds the whole product and the
-    others zeros. cancel: the device address of an int that, nonzero when the kernel starts,
+    others zeros. k_splits = S > 1 with epilogue 'bf16' or 'swiglu_backward' (no routed-expert
+    outputs): the pieces are summed inside the kernel, out is the result as without the split
+    (the Hopper loop: each tile's S pieces form a thread-block cluster, S <= 8, that sums them
+    over distributed shared memory in piece order; elsewhere the GEMM runs unsplit; with
+    SPLIT_CLUSTER off, S must be 1 here). cancel: the device address of an int that, nonzero when the kernel starts,
     makes it do nothing (the top-k check's verdict, read by launches enqueued before the host has
     it). even_rounds: the Hopper loop's persistent grid takes the fewest CTAs that keep its number
     of rounds (tiles per CTA, even_round_ctas) instead of one per SM: as fast alone, and the SMs
     it leaves free serve a kernel on another stream from the start, not only in the last round.
+    wide: 128 x 256 tiles where the Hopper loop's cooperative consumers would otherwise take 128
+    (the staged SwiGLU epilogue keeps 128).
+    sum_groups_and_halves (grouping='k' in num_groups equal pieces, epilogue 'f32', m a multiple
+    of 256): out [m / 2, n] = the sum over the pieces of rows r and r + m / 2 (the router's
+    stacked [hi; lo] rows), added in (piece, half) order inside the kernel by a cluster of
+    2 x num_groups CTAs per output tile (num_groups may drop until every cluster is resident);
+    where the Hopper loop does not apply, one ungrouped GEMM over the two halves.
 
     A launch's parameter block depends only on addresses and sizes, so it is built once per
     distinct call and replayed from a cache afterwards (repeated calls on the same buffers, as a
     training loop makes them, skip the host work of building it).
     """
     assert 1 <= len(segments) <= MAX_SEGMENTS and engine in ENGINES
-    assert k_splits == 1 or (grouping == "none" and epilogue == "f32" and c_group_stride >= m * ldc)
+    assert k_splits == 1 or grouping == "none" and (
+        epilogue == "f32" and c_group_stride >= m * ldc or epilogue in ("bf16", "swiglu_backward"))
     if m == 0 or n == 0:
         return  # nothing to write (an M-grouped grid would otherwise still launch its group slack)
     import cupy
@@ -302,16 +322,29 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     key = (cupy.cuda.Device().id, PINGPONG, STAGED_EPILOGUE, tuple(sorted(CONFIG_OVERRIDE.items())),
            m, n, a_kmajor, b_kmajor, opt(out), ldc, epilogue, grouping, opt(group_offsets),
            num_groups, c_group_stride, opt(gather_a), opt(gather_b), gather_div, engine, k_splits,
-           cancel, even_rounds,
+           cancel, even_rounds, wide, sum_groups_and_halves,
            tuple((_addr(s.a), s.lda, _addr(s.b), s.ldb, s.k, s.b_group_stride) for s in segments),
            None if sw is None else tuple(opt(a) for a in (sw.gate, sw.up, sw.dg, sw.du, sw.act,
                                                          sw.weights, sw.row_index, sw.aw, sw.dw))
            + (sw.ld_grad, sw.contract_rounding))
+    if k_splits > 1 and epilogue != "f32":
+        assert SPLIT_CLUSTER and k_splits <= 8 and (sw is None or sw.act is None and sw.aw is None), \
+            "in-kernel split-K sums: at most 8 pieces, no routed-expert SwiGLU outputs"
+    if sum_groups_and_halves:
+        assert (SPLIT_CLUSTER and grouping == "k" and group_offsets is None and epilogue == "f32"
+                and m % 256 == 0 and 1 <= num_groups <= 4 and len(segments) == 1 and not a_kmajor)
+        if engine == "mma" or not sm90_applies(m, n, segments, a_kmajor, b_kmajor, out, ldc):
+            s = segments[0]
+            halves = [Segment(s.a, s.lda, s.b, s.ldb, k=s.k),
+                      Segment(_addr(s.a) + m, s.lda, s.b, s.ldb, k=s.k)]  # m / 2 bf16 along m
+            return gemm(m=m // 2, n=n, segments=halves, a_kmajor=a_kmajor, b_kmajor=b_kmajor,
+                        out=out, ldc=ldc, epilogue="f32", engine=engine, cancel=cancel)
     launch = _prepared.get(key)
     if launch is None:
         launch = _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping,
                           group_offsets, num_groups, c_group_stride, gather_a, gather_b,
-                          gather_div, engine, sw, cancel, k_splits, even_rounds)
+                          gather_div, engine, sw, cancel, k_splits, even_rounds, wide,
+                          sum_groups_and_halves)
         if len(_prepared) >= 1024:
             _prepared.clear()
         _prepared[key] = launch
@@ -333,6 +366,7 @@ class _Launch:
     smem: int
     params: bytes
     param_type: type
+    cluster: int = 1   # CTAs per thread-block cluster (the split-K pieces of a tile)
     m: int = 0
     n: int = 0
     tiles_n: int = 0   # sm90 SwiGLU epilogue: row partials per row
@@ -350,7 +384,8 @@ class _Launch:
         if self.kind == "unfused":
             da = cupy.empty((self.m, self.n), cupy.float32)
             base.c, base.ldc = da.data.ptr, self.n
-        _launch.launch(self.module, self.name, self.grid, (self.threads,), [P], self.smem)
+        _launch.launch(self.module, self.name, self.grid, (self.threads,), [P], self.smem,
+                       cluster=self.cluster)
         if self.zero_bytes:
             address, size = self.zero_bytes
             cupy.cuda.runtime.memsetAsync(address, 0, size, cupy.cuda.get_current_stream().ptr)
@@ -365,7 +400,7 @@ class _Launch:
 
 def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, group_offsets,
              num_groups, c_group_stride, gather_a, gather_b, gather_div, engine, sw,
-             cancel=None, k_splits=1, even_rounds=False) -> _Launch:
+             cancel=None, k_splits=1, even_rounds=False, wide=False, halves=False) -> _Launch:
     p = GemmParams()
     p.cancel = cancel or 0
     for i, s in enumerate(segments):
@@ -392,11 +427,13 @@ def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, g
                                 flags["GATHER_A"], flags["GATHER_B"])
         if why is None:
             return _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits,
-                                 even_rounds)
+                                 even_rounds, wide, halves)
         if engine == "sm90":
             raise ValueError(f"the sm90 GEMM does not apply: {why}")
     if sw is not None and (sw.contract_rounding or sw.ld_grad):
         raise ValueError("the SwiGLU epilogue's contract rounding and ld_grad need the sm90 GEMM")
+    if k_splits > 1 and epilogue != "f32":  # summed in the kernel: here simply not split
+        k_splits, p.num_groups = 1, num_groups
     if k_splits > 1:  # split-K: the whole product into piece 0
         p.num_groups = 0
         launch = _prepare_mma(p, segments, m, n, grouping, 0, flags)
@@ -444,7 +481,7 @@ def even_round_ctas(tiles: int, sms: int) -> int:
 
 
 def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
-                  even_rounds=False) -> _Launch:
+                  even_rounds=False, wide=False, halves=False) -> _Launch:
     sms = device_sms()
     m_tiles = cdiv(m, Sm90Config.BM) + (num_groups if grouping == "m" else 0)
     c_tma = (flags["EPILOGUE"] == EPILOGUES["bf16"] and p.ldc % 8 == 0 and p.c_group_stride % 8 == 0)
@@ -452,9 +489,15 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
         pingpong = grouping == "k" and not wide_tiles_pay(n, GROUPINGS[grouping])
     else:
         pingpong = bool(PINGPONG)
-    staged = not pingpong and _epilogue_staged(p, n, flags)
+    # Split-K pieces summed in the kernel (bf16 / SwiGLU results), or K-groups and row halves
+    # (sum_groups_and_halves): a cluster per output tile.
+    cluster = k_splits > 1 and flags["EPILOGUE"] != EPILOGUES["f32"] or halves
+    if cluster:
+        pingpong = c_tma = False
+    staged = not pingpong and not cluster and _epilogue_staged(p, n, flags)
     cfg = Sm90Config.choose(m_tiles * k_splits, n, sms, num_groups if grouping == "m" else 0,
-                            pingpong, C_TMA=c_tma, E_STAGED=staged, SPLIT_K=k_splits > 1, **flags)
+                            pingpong, wide=wide and not staged and not cluster, C_TMA=c_tma,
+                            E_STAGED=staged, SPLIT_K=k_splits > 1, SPLIT_CLUSTER=cluster, **flags)
     if CONFIG_OVERRIDE:
         cfg = dataclasses.replace(cfg, **CONFIG_OVERRIDE)
     P = GemmSm90Params()
@@ -483,9 +526,23 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
     else:
         tiles = m_tiles * tiles_n * k_splits
     ctas = even_round_ctas(tiles, sms) if even_rounds else min(tiles, sms)
-    return _Launch("sm90", _sm90_module(cfg), "gemm_sm90_kernel", (ctas,), cfg.threads,
-                   cfg.smem_bytes(num_groups if grouping == "m" else 0), bytes(P), GemmSm90Params,
-                   m=m, n=n, tiles_n=tiles_n)
+    module, smem = _sm90_module(cfg), cfg.smem_bytes(num_groups if grouping == "m" else 0)
+    size = 1  # CTAs per cluster
+    if cluster:
+        # One tile per CTA (a piece waits for its cluster, never for a later tile of its own), so
+        # every cluster should be resident at once: a cluster's CTAs share a GPC, and fewer
+        # pieces per tile fit more clusters (the sum is the same in any number of pieces, in
+        # order, up to rounding; the choice depends on the shape alone: deterministic).
+        pieces, per_piece = (num_groups, 2) if halves else (k_splits, 1)
+        outputs = tiles // (pieces * per_piece)  # output tiles = clusters
+        while pieces > (1 if halves else 2) and outputs > (_launch.max_active_clusters(
+                module, "gemm_sm90_kernel", cfg.threads, smem, pieces * per_piece) or outputs):
+            pieces -= 1
+        P.base.num_groups = pieces
+        size = pieces * per_piece
+        ctas = tiles = outputs * size
+    return _Launch("sm90", module, "gemm_sm90_kernel", (ctas,), cfg.threads, smem, bytes(P),
+                   GemmSm90Params, cluster=size, m=m, n=n, tiles_n=tiles_n)
 
 
 def k_splits_for(m: int, n: int, k: int, most: int = 8, sms: int | None = None) -> int:
@@ -571,4 +628,11 @@ def example_sm90_configs():
     # their order for tools/cubin_code_hash.py --first.
     out.append(Sm90Config.choose(1, 1408, 132, 0, False, A_KMAJOR=True, B_KMAJOR=False,
                                  EPILOGUE=1, SPLIT_K=True))
+    # The same summed inside a cluster per tile, into the SwiGLU backward and into bf16.
+    for epi, n in ((3, 1408), (0, 4096)):
+        out.append(Sm90Config.choose(1, n, 132, 0, False, A_KMAJOR=True, B_KMAJOR=False,
+                                     EPILOGUE=epi, SPLIT_K=True, SPLIT_CLUSTER=True))
+    # The router weight gradient's K-groups and [hi; lo] halves summed inside a cluster.
+    out.append(Sm90Config.choose(2, 4096, 132, 0, False, A_KMAJOR=False, B_KMAJOR=False,
+                                 GROUPING=2, EPILOGUE=1, SPLIT_CLUSTER=True))
     return out

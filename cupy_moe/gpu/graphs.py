@@ -30,9 +30,11 @@ def run(key: tuple, make_workspace, enqueue) -> None:
     import cupy
 
     from .. import _launch
+    from . import gemm
 
     stream = cupy.cuda.get_current_stream()
-    key = (cupy.cuda.Device().id, stream.ptr, _launch.PDL) + key
+    key = (cupy.cuda.Device().id, stream.ptr, _launch.PDL,
+           tuple(sorted(gemm.CONFIG_OVERRIDE.items()))) + key
     entry = _graphs.get(key)
     if entry is not None:
         _graphs.move_to_end(key)

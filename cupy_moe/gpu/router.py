@@ -8,6 +8,7 @@ import cupy as cp
 from .. import _build, _launch
 from .._arrays import bfloat16
 from .._launch import cdiv, f32, grid_stride_blocks, i32, i64, ptr
+from . import gemm as _gemm
 from .gemm import Segment, device_sms, gemm
 
 _WARPS = 4
@@ -15,6 +16,9 @@ _SPLIT_ROWS = 256  # token rows per split at least: the fp32 partials' round tri
 # A/B only: 0 runs the split weight gradient as before (the hi and lo halves as two reductions of
 # E rows each, so every piece reads its tokens of x twice).
 STACKED = os.environ.get("CUPY_MOE_ROUTER_WGRAD_STACKED", "1") != "0"
+# A/B only: 0 sums the stacked pieces through global memory and sum_splits even where a cluster
+# could sum them inside the GEMM (gemm.SPLIT_CLUSTER must be on too).
+SUM_IN_GEMM = os.environ.get("CUPY_MOE_ROUTER_WGRAD_CLUSTER", "1") != "0"
 
 
 def _module():
@@ -68,31 +72,55 @@ def weight_gradient_splits(T: int, E: int, H: int) -> int:
     as one GEMM of 2E rows (hi and lo stacked) so that each token of x is read once; alone such a
     GEMM would fill only 2E / 128 rows of output tiles, so the tokens are split until the GPU is
     full, keeping at least _SPLIT_ROWS tokens per piece."""
-    return max(1, min(device_sms() // (cdiv(_rows(E), 128) * cdiv(H, 128)), T // _SPLIT_ROWS))
+    splits = max(1, min(device_sms() // (cdiv(_rows(E), 128) * cdiv(H, 128)), T // _SPLIT_ROWS))
+    if _summed_in_the_gemm(T, E):
+        splits = min(splits, 4)  # a cluster holds the 2 x splits (piece, half) tiles: <= 8 CTAs
+    return splits
+
+
+# The pieces are summed inside the GEMM up to this many tokens, through global memory above it.
+# SOL-080 A/B (bench/NOTES.md v0.9): in the GEMM 5-8 us faster at T = 997 .. 3089 (no sum_splits
+# launch at the end of the call), 7-15 us slower at T >= 3719, where the clusters of 4 are not all
+# resident beside the dgrad, gemm() halves the pieces, and each CTA's reduction doubles.
+_CLUSTER_SUM_MAX_T = 3200
+
+
+def _summed_in_the_gemm(T: int, E: int) -> bool:
+    """Whether split pieces are summed inside the GEMM (a cluster of the 2 x splits (piece, half)
+    tiles of each output tile, gemm(sum_groups_and_halves)) rather than through global memory."""
+    return (STACKED and SUM_IN_GEMM and _gemm.SPLIT_CLUSTER and E % 128 == 0
+            and T <= _CLUSTER_SUM_MAX_T)
 
 
 def weight_gradient_pieces_shape(T: int, E: int, H: int):
     """Shape of the fp32 pieces weight_gradient sums (None when it writes out directly)."""
     splits = weight_gradient_splits(T, E, H)
-    return None if splits == 1 else (splits, _rows(E), H)
+    return None if splits == 1 or _summed_in_the_gemm(T, E) else (splits, _rows(E), H)
 
 
 def weight_gradient(grl, x, out, partial=None, cancel=None) -> None:
     """dL/dW_router [E, H] fp32 = (hi + lo)^T x into out, grl = [hi | lo] ([T, 2E] bf16, see
     backward_logits). Unsplit: one GEMM over the two reductions hi^T x and lo^T x. Split
     (weight_gradient_splits): one K-grouped GEMM of the stacked rows [hi^T; lo^T] x per piece of
-    the tokens (x read once, not once per half) into fp32 pieces [splits, 2E, H] (given as
-    partial, or allocated here), summed in a fixed order (hi, lo of piece 0, then of piece 1, ...:
-    deterministic). cancel: see gemm()."""
+    the tokens (x read once, not once per half), its fp32 pieces summed in a fixed order (hi, lo
+    of piece 0, then of piece 1, ...: deterministic): inside the GEMM by a cluster per output
+    tile where E is a multiple of 128 and T is at most _CLUSTER_SUM_MAX_T, else through pieces [splits, 2E, H]
+    in global memory (given as partial, or allocated here) and a sum kernel. cancel: see gemm()."""
     T, E2 = grl.shape
     E, H = E2 // 2, x.shape[1]
     halves = [Segment(half, E2, x, H, k=T) for half in hi_lo(grl)]
-    shape = weight_gradient_pieces_shape(T, E, H)
-    if shape is None:
+    splits = weight_gradient_splits(T, E, H)
+    if splits == 1:
         gemm(m=E, n=H, segments=halves, a_kmajor=False, b_kmajor=False, out=out, ldc=H,
              epilogue="f32", cancel=cancel)
         return
-    splits, rows, _ = shape
+    if _summed_in_the_gemm(T, E):
+        gemm(m=E2, n=H, segments=halves[:1], a_kmajor=False, b_kmajor=False, out=out, ldc=H,
+             epilogue="f32", grouping="k", num_groups=splits, sum_groups_and_halves=True,
+             cancel=cancel)
+        return
+    shape = weight_gradient_pieces_shape(T, E, H)
+    _, rows, _ = shape
     if partial is None:
         partial = cp.empty(shape, cp.float32)
     # Stacked, the hi segment's 2E rows are [hi; lo]: one segment reads each token of x once.

@@ -39,6 +39,7 @@ from .. import _build, _launch, validate
 from .._arrays import bfloat16
 from .._launch import cdiv, grid_stride_blocks, i32, i64, ptr
 from . import graphs, router
+from . import gemm as gemm_module
 from .gemm import (Segment, SwigluBackward, device_sms, even_round_ctas, gemm, k_splits_for,
                    sm90_applies)
 
@@ -52,6 +53,14 @@ FUSED_D_ACT = os.environ.get("CUPY_MOE_SOL080_FUSED_D_ACT", "1") != "0"
 # after grad_Wd; "early": on the main stream before the dgrad).
 EVEN_ROUNDS = frozenset(filter(None, os.environ.get("CUPY_MOE_SOL080_EVEN_ROUNDS", "").split(",")))
 WGRAD_AT = os.environ.get("CUPY_MOE_SOL080_WGRAD", "auto")
+# A/B only: where the fused 128-wide d_act leaves the router kernel no room beside it (it then goes
+# first: T = 3072, 6144), run d_act as a plain 128 x 256 GEMM (more efficient per FLOP, and its
+# even-rounds grid leaves SMs free) with the router beside it, then the elementwise SwiGLU backward.
+WIDE_D_ACT = os.environ.get("CUPY_MOE_SOL080_WIDE_D_ACT", "0") != "0"
+# A/B only: 1 sums small-T d_act's and the dgrad's split-K pieces in the GEMM, a cluster per tile
+# (gemm.SPLIT_CLUSTER), instead of through global memory and the sum kernels: 1.5-5 us slower at
+# T <= 384 (bench/NOTES.md v0.9).
+SPLIT_CLUSTER = os.environ.get("CUPY_MOE_SOL080_SPLIT_CLUSTER", "0") != "0"
 _side = {}  # (device, stream) -> _Side
 
 
@@ -113,6 +122,9 @@ class _Plan:
     even_rounds: frozenset = frozenset()  # EVEN_ROUNDS (A/B)
     wgrad_at: str = "auto"                # WGRAD_AT (A/B)
     wgrad_stacked: bool = True            # router.STACKED (A/B)
+    split_cluster: bool = False           # gemm.SPLIT_CLUSTER and SPLIT_CLUSTER: split pieces summed in the GEMM
+    wgrad_cluster: bool = True            # router.SUM_IN_GEMM (A/B)
+    act_wide: bool = False                # WIDE_D_ACT applied: plain 128 x 256 d_act (A/B)
 
     @classmethod
     def of(cls, g, wr, wg, wu, wd, gate):
@@ -129,6 +141,11 @@ class _Plan:
         d_act_tiles = cdiv(T, _D_ACT_TILE) * cdiv(I, _D_ACT_TILE)
         router_beside = CONCURRENT and d_act_on_sm90 and act_splits == 1 and (
             sms - even_round_ctas(d_act_tiles, sms) >= _ROUTER_SMS)
+        wide_tiles = cdiv(T, _D_ACT_TILE) * cdiv(I, 2 * _D_ACT_TILE)
+        act_wide = (WIDE_D_ACT and CONCURRENT and d_act_on_sm90 and act_splits == 1 and
+                    not router_beside and sms - even_round_ctas(wide_tiles, sms) >= _ROUTER_SMS)
+        if act_wide:
+            act_fused, router_beside = False, True
         if CONCURRENT and act_splits > 1:
             # Split d_act fills the SMs in one round: with fewer pieces it leaves the router
             # kernel room beside it (each piece a longer reduction: +20-50% of ~17 us, against
@@ -139,7 +156,9 @@ class _Plan:
         return cls(act_splits=act_splits, act_fused=act_fused,
                    dgrad_splits=k_splits_for(T, H, 2 * I + E) if dgrad_on_sm90 else 1,
                    router_beside=router_beside, even_rounds=EVEN_ROUNDS, wgrad_at=WGRAD_AT,
-                   wgrad_stacked=router.STACKED)
+                   wgrad_stacked=router.STACKED, split_cluster=gemm_module.SPLIT_CLUSTER and SPLIT_CLUSTER,
+                   wgrad_cluster=router.SUM_IN_GEMM,
+                   act_wide=act_wide)
 
 
 _D_ACT_TILE = 128  # d_act's tile edge (Sm90Config.choose: 128 x 128 for n = 1408, fused or not)
@@ -162,8 +181,8 @@ class _Workspace:
         pieces = lambda n, *shape: cp.empty((n,) + shape, cp.float32) if n > 1 else None
         wgrad_pieces = router.weight_gradient_pieces_shape(T, E, H)
         return cls(d_act=None if plan.act_fused or plan.act_splits > 1 else cp.empty((T, I), bfloat16),
-                   act_pieces=pieces(plan.act_splits, T, I),
-                   dgrad_pieces=pieces(plan.dgrad_splits, T, H),
+                   act_pieces=None if plan.split_cluster else pieces(plan.act_splits, T, I),
+                   dgrad_pieces=None if plan.split_cluster else pieces(plan.dgrad_splits, T, H),
                    d_gu=cp.empty((T, 2 * I), bfloat16),
                    grl=cp.empty((T, 2 * E), bfloat16),
                    partial=wgrad_pieces and cp.empty(wgrad_pieces, cp.float32))
@@ -261,15 +280,18 @@ def _d_act_gemm(inputs: _Inputs, ws: _Workspace, plan: _Plan) -> dict:
     I = inputs.gate.shape[1]
     common = dict(m=T, n=I, segments=[Segment(inputs.g, H, inputs.wd, I, k=H)], a_kmajor=True,
                   b_kmajor=False, ldc=I)
+    d_up = ws.d_gu.data.ptr + 2 * I  # bytes: the second half of every row
+    swiglu = dict(out=None, epilogue="swiglu_backward", engine="sm90",
+                  swiglu=SwigluBackward(gate=inputs.gate, up=inputs.up, dg=ws.d_gu, du=d_up,
+                                        ld_grad=2 * I, contract_rounding=True))
+    if plan.act_splits > 1 and plan.split_cluster:  # the pieces summed in the GEMM, then SwiGLU
+        return dict(common, k_splits=plan.act_splits, **swiglu)
     if plan.act_splits > 1:
         return dict(common, out=ws.act_pieces, epilogue="f32", k_splits=plan.act_splits,
                     c_group_stride=T * I)
     if plan.act_fused:
-        d_up = ws.d_gu.data.ptr + 2 * I  # bytes: the second half of every row
-        return dict(common, out=None, epilogue="swiglu_backward", engine="sm90",
-                    swiglu=SwigluBackward(gate=inputs.gate, up=inputs.up, dg=ws.d_gu, du=d_up,
-                                          ld_grad=2 * I, contract_rounding=True))
-    return dict(common, out=ws.d_act)
+        return dict(common, **swiglu)
+    return dict(common, out=ws.d_act, wide=plan.act_wide)
 
 
 def _finish_d_act(inputs: _Inputs, ws: _Workspace, plan: _Plan, cancel) -> None:
@@ -278,6 +300,8 @@ def _finish_d_act(inputs: _Inputs, ws: _Workspace, plan: _Plan, cancel) -> None:
     T, I = gate.shape
     n = T * I
     mod = _build.load_module("sol080.cu")
+    if plan.act_splits > 1 and plan.split_cluster:
+        return  # summed and turned into [d_gate | d_up] by the GEMM
     if plan.act_splits > 1:
         _launch.launch(mod, "sol080_swiglu_backward_pieces", (grid_stride_blocks(n),), (256,),
                        [ptr(ws.act_pieces), i32(plan.act_splits), ptr(gate), ptr(up), ptr(ws.d_gu),
@@ -328,14 +352,14 @@ def _dgrad_gemm(inputs: _Inputs, grad_h, ws: _Workspace, plan: _Plan) -> dict:
     d_up = ws.d_gu.data.ptr + 2 * I  # bytes: I bf16 into each row
     common = dict(m=T, n=H, segments=[Segment(d_up, 2 * I, wu, H, k=I), Segment(ws.d_gu, 2 * I, wg, H, k=I),
                                       Segment(ws.grl, 2 * E, wr, H, k=E)], a_kmajor=True, b_kmajor=False, ldc=H)
-    if plan.dgrad_splits == 1:
-        return dict(common, out=grad_h)
+    if plan.dgrad_splits == 1 or plan.split_cluster:  # split: the pieces summed in the GEMM
+        return dict(common, out=grad_h, k_splits=plan.dgrad_splits)
     return dict(common, out=ws.dgrad_pieces, epilogue="f32", k_splits=plan.dgrad_splits,
                 c_group_stride=T * H)
 
 
 def _finish_dgrad(grad_h, ws: _Workspace, plan: _Plan, cancel) -> None:
-    if plan.dgrad_splits > 1:
+    if plan.dgrad_splits > 1 and not plan.split_cluster:
         n = grad_h.size
         _launch.launch(_build.load_module("sol080.cu"), "sum_pieces_bf16", (grid_stride_blocks(n),),
                        (256,), [ptr(ws.dgrad_pieces), i32(plan.dgrad_splits), i64(n), ptr(grad_h),
