@@ -50,7 +50,8 @@ FUSED_D_ACT = os.environ.get("CUPY_MOE_SOL080_FUSED_D_ACT", "1") != "0"
 # A/B only: the GEMMs (of "wd", "wgu", "dgrad") that take gemm(even_rounds=True), leaving the SMs
 # their last round would not fill to the kernels beside them from the start; and where the router
 # wgrad goes ("auto": the branch that ends first; "side": after grad_[Wg; Wu]; "side-early":
-# after grad_Wd; "early": on the main stream before the dgrad).
+# after grad_Wd; "early": on the main stream before the dgrad; "main": on the main stream after
+# the dgrad, at every T).
 EVEN_ROUNDS = frozenset(filter(None, os.environ.get("CUPY_MOE_SOL080_EVEN_ROUNDS", "").split(",")))
 WGRAD_AT = os.environ.get("CUPY_MOE_SOL080_WGRAD", "auto")
 # A/B only: where the fused 128-wide d_act leaves the router kernel no room beside it (it then goes
