@@ -101,11 +101,10 @@ def weight_gradient_pieces_shape(T: int, E: int, H: int):
 def weight_gradient(grl, x, out, partial=None, cancel=None) -> None:
     """dL/dW_router [E, H] fp32 = (hi + lo)^T x into out, grl = [hi | lo] ([T, 2E] bf16, see
     backward_logits), in one of three forms by shape:
+    - one piece (weight_gradient_splits == 1): one GEMM over the two reductions hi^T x and lo^T x.
     - E a multiple of 128 and T <= _CLUSTER_SUM_MAX_T (_summed_in_the_gemm): one K-grouped GEMM of
-      the stacked rows [hi^T; lo^T] x in weight_gradient_splits token pieces (one or more); the
-      2 x splits (piece, half) tiles of each output tile form a cluster that adds them in that
-      order over distributed shared memory.
-    - else, one piece: one GEMM over the two reductions hi^T x and lo^T x.
+      the stacked rows [hi^T; lo^T] x in token pieces; the 2 x splits (piece, half) tiles of each
+      output tile form a cluster that adds them in that order over distributed shared memory.
     - else: the stacked K-grouped GEMM into fp32 pieces [splits, 2E, H] in global memory (given
       as partial, or allocated here), added by a kernel in (piece, half) order.
     Each form adds in a fixed order (deterministic); stacked, each piece reads its tokens of x
@@ -114,14 +113,14 @@ def weight_gradient(grl, x, out, partial=None, cancel=None) -> None:
     E, H = E2 // 2, x.shape[1]
     halves = [Segment(half, E2, x, H, k=T) for half in hi_lo(grl)]
     splits = weight_gradient_splits(T, E, H)
-    if _summed_in_the_gemm(T, E):  # one piece too: its halves in a 2-CTA cluster, each half the k-tiles
+    if splits == 1:  # (its halves as a 2-CTA cluster instead measured 1.5-3 us slower at T < 512)
+        gemm(m=E, n=H, segments=halves, a_kmajor=False, b_kmajor=False, out=out, ldc=H,
+             epilogue="f32", cancel=cancel)
+        return
+    if _summed_in_the_gemm(T, E):
         gemm(m=E2, n=H, segments=halves[:1], a_kmajor=False, b_kmajor=False, out=out, ldc=H,
              epilogue="f32", grouping="k", num_groups=splits, sum_groups_and_halves=True,
              cancel=cancel)
-        return
-    if splits == 1:
-        gemm(m=E, n=H, segments=halves, a_kmajor=False, b_kmajor=False, out=out, ldc=H,
-             epilogue="f32", cancel=cancel)
         return
     shape = weight_gradient_pieces_shape(T, E, H)
     _, rows, _ = shape
