@@ -31,14 +31,18 @@ def _assert_router_residue(o, r, T):
         assert np.abs(o.get()).max() > 0
 
 
-@pytest.mark.parametrize("T,atol", SOL080_WORKLOADS)
-def test_workloads_pass_rule(T, atol):
-    out, ref = _run(T, seed=T)
+def _assert_passes(out, ref, atol):
+    """The benchmark's rule on every output, and 1e-2 relative error on all but the router's."""
     for name, o, r in zip(NAMES, out, ref):
         res = sol080_pass_rule(o, r, atol)
         assert res, (name, res.reason)
         if name != "grad_router_weight":
             assert relative_error(o, r) < 1e-2, name
+
+
+@pytest.mark.parametrize("T,atol", SOL080_WORKLOADS)
+def test_workloads_pass_rule(T, atol):
+    _assert_passes(*_run(T, seed=T), atol)
 
 
 @pytest.mark.parametrize("split_cluster", [True, False])
@@ -247,33 +251,20 @@ def test_router_kernel_writes_the_contracts_router_terms_bitwise(T, H, E, K):
     np.testing.assert_array_equal(ws.grl[:, E:].get().view(np.uint16), lo.view(np.uint16))
 
 
-@pytest.mark.parametrize("T,atol", [(997, 0.36), (2053, 0.23)])
-def test_unfused_d_act_passes_like_the_fused_one(T, atol, monkeypatch):
-    """CUPY_MOE_SOL080_FUSED_D_ACT=0 (an A/B knob): d_act as a plain GEMM, then the contract's
-    SwiGLU backward as an elementwise kernel (16-byte accesses for I % 8 == 0)."""
+@pytest.mark.parametrize("knob,value,T,atol", [("FUSED_D_ACT", False, 997, 0.36),
+                                                ("FUSED_D_ACT", False, 2053, 0.23),
+                                                ("WIDE_D_ACT", True, 3072, 0.26),
+                                                ("WIDE_D_ACT", True, 6144, 0.25)])
+def test_ab_d_act_paths_pass_like_the_fused_one(knob, value, T, atol, monkeypatch):
+    """The A/B knobs' other d_act paths. CUPY_MOE_SOL080_FUSED_D_ACT=0: d_act as a plain GEMM,
+    then the contract's SwiGLU backward as an elementwise kernel (16-byte accesses for
+    I % 8 == 0). CUPY_MOE_SOL080_WIDE_D_ACT=1: where the fused d_act leaves the router no room,
+    d_act as a plain 128 x 256 GEMM (its last column tile half past n = 1408) with the router
+    kernel beside it, then the elementwise SwiGLU backward."""
     from cupy_moe.gpu import sol080 as gpu_sol080
 
-    monkeypatch.setattr(gpu_sol080, "FUSED_D_ACT", False)
-    out, ref = _run(T, seed=T + 1)
-    for name, o, r in zip(NAMES, out, ref):
-        assert sol080_pass_rule(o, r, atol), name
-        if name != "grad_router_weight":
-            assert relative_error(o, r) < 1e-2, name
-
-
-@pytest.mark.parametrize("T,atol", [(3072, 0.26), (6144, 0.25)])
-def test_wide_d_act_passes_like_the_fused_one(T, atol, monkeypatch):
-    """CUPY_MOE_SOL080_WIDE_D_ACT=1 (an A/B knob): where the fused d_act leaves the router no
-    room, d_act runs as a plain 128 x 256 GEMM (its last column tile half past n = 1408) with the
-    router kernel beside it, then the elementwise SwiGLU backward."""
-    from cupy_moe.gpu import sol080 as gpu_sol080
-
-    monkeypatch.setattr(gpu_sol080, "WIDE_D_ACT", True)
-    out, ref = _run(T, seed=T + 2)
-    for name, o, r in zip(NAMES, out, ref):
-        assert sol080_pass_rule(o, r, atol), name
-        if name != "grad_router_weight":
-            assert relative_error(o, r) < 1e-2, name
+    monkeypatch.setattr(gpu_sol080, knob, value)
+    _assert_passes(*_run(T, seed=T + 1), atol)
 
 
 @pytest.mark.parametrize("T", [997, 2053])
