@@ -98,3 +98,17 @@ def test_the_wide_d_act_knob_frees_room_for_the_router(plan_of, monkeypatch):
         assert (p.act_wide, p.act_fused, p.router_beside) == (True, False, True)
     for T in (192, 2053, 8192):
         assert not plan_of(T).act_wide
+
+
+def test_every_router_wgrad_knob_reaches_the_plan(plan_of, monkeypatch):
+    """The plan keys the call's CUDA graph: gemm.SPLIT_CLUSTER alone (SOL-080's own split
+    clusters off) still moves the router wgrad between its in-GEMM and global-memory sums, so it
+    must change the plan, or a graph captured with the other path would replay."""
+    from cupy_moe.gpu import gemm, router
+
+    assert plan_of(1879).wgrad_cluster
+    for module, knob in ((gemm, "SPLIT_CLUSTER"), (router, "SUM_IN_GEMM"), (router, "STACKED")):
+        with monkeypatch.context() as m:
+            m.setattr(module, knob, False)
+            assert not plan_of(1879).wgrad_cluster, knob
+    assert not plan_of(8192).wgrad_cluster  # above router._CLUSTER_SUM_MAX_T

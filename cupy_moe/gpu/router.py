@@ -73,7 +73,7 @@ def weight_gradient_splits(T: int, E: int, H: int) -> int:
     GEMM would fill only 2E / 128 rows of output tiles, so the tokens are split until the GPU is
     full, keeping at least _SPLIT_ROWS tokens per piece."""
     splits = max(1, min(device_sms() // (cdiv(_rows(E), 128) * cdiv(H, 128)), T // _SPLIT_ROWS))
-    if _summed_in_the_gemm(T, E):
+    if summed_in_the_gemm(T, E):
         splits = min(splits, 4)  # a cluster holds the 2 x splits (piece, half) tiles: <= 8 CTAs
     return splits
 
@@ -85,7 +85,7 @@ def weight_gradient_splits(T: int, E: int, H: int) -> int:
 _CLUSTER_SUM_MAX_T = 3200
 
 
-def _summed_in_the_gemm(T: int, E: int) -> bool:
+def summed_in_the_gemm(T: int, E: int) -> bool:
     """Whether split pieces are summed inside the GEMM (a cluster of the 2 x splits (piece, half)
     tiles of each output tile, gemm(sum_groups_and_halves)) rather than through global memory."""
     return (STACKED and SUM_IN_GEMM and _gemm.SPLIT_CLUSTER and E % 128 == 0
@@ -95,14 +95,14 @@ def _summed_in_the_gemm(T: int, E: int) -> bool:
 def weight_gradient_pieces_shape(T: int, E: int, H: int):
     """Shape of the fp32 pieces weight_gradient sums (None when it writes out directly)."""
     splits = weight_gradient_splits(T, E, H)
-    return None if splits == 1 or _summed_in_the_gemm(T, E) else (splits, _rows(E), H)
+    return None if splits == 1 or summed_in_the_gemm(T, E) else (splits, _rows(E), H)
 
 
 def weight_gradient(grl, x, out, partial=None, cancel=None) -> None:
     """dL/dW_router [E, H] fp32 = (hi + lo)^T x into out, grl = [hi | lo] ([T, 2E] bf16, see
     backward_logits), in one of three forms by shape:
     - one piece (weight_gradient_splits == 1): one GEMM over the two reductions hi^T x and lo^T x.
-    - E a multiple of 128 and T <= _CLUSTER_SUM_MAX_T (_summed_in_the_gemm): one K-grouped GEMM of
+    - E a multiple of 128 and T <= _CLUSTER_SUM_MAX_T (summed_in_the_gemm): one K-grouped GEMM of
       the stacked rows [hi^T; lo^T] x in token pieces; the 2 x splits (piece, half) tiles of each
       output tile form a cluster that adds them in that order over distributed shared memory.
     - else: the stacked K-grouped GEMM into fp32 pieces [splits, 2E, H] in global memory (given
@@ -117,7 +117,7 @@ def weight_gradient(grl, x, out, partial=None, cancel=None) -> None:
         gemm(m=E, n=H, segments=halves, a_kmajor=False, b_kmajor=False, out=out, ldc=H,
              epilogue="f32", cancel=cancel)
         return
-    if _summed_in_the_gemm(T, E):
+    if summed_in_the_gemm(T, E):
         gemm(m=E2, n=H, segments=halves[:1], a_kmajor=False, b_kmajor=False, out=out, ldc=H,
              epilogue="f32", grouping="k", num_groups=splits, sum_groups_and_halves=True,
              cancel=cancel)

@@ -124,7 +124,7 @@ class _Plan:
     wgrad_at: str = "auto"                # WGRAD_AT (A/B)
     wgrad_stacked: bool = True            # router.STACKED (A/B)
     split_cluster: bool = False           # gemm.SPLIT_CLUSTER and SPLIT_CLUSTER: split pieces summed in the GEMM
-    wgrad_cluster: bool = True            # router.SUM_IN_GEMM (A/B)
+    wgrad_cluster: bool = True            # router.summed_in_the_gemm: its knobs, E and T
     act_wide: bool = False                # WIDE_D_ACT applied: plain 128 x 256 d_act (A/B)
 
     @classmethod
@@ -158,7 +158,7 @@ class _Plan:
                    dgrad_splits=k_splits_for(T, H, 2 * I + E) if dgrad_on_sm90 else 1,
                    router_beside=router_beside, even_rounds=EVEN_ROUNDS, wgrad_at=WGRAD_AT,
                    wgrad_stacked=router.STACKED, split_cluster=gemm_module.SPLIT_CLUSTER and SPLIT_CLUSTER,
-                   wgrad_cluster=router.SUM_IN_GEMM,
+                   wgrad_cluster=router.summed_in_the_gemm(T, E),
                    act_wide=act_wide)
 
 
