@@ -32,6 +32,8 @@ def host(monkeypatch):
         ctypes.memmove(ctypes.addressof(desc), raw, 128)
 
     monkeypatch.setattr(tma, "_encode", encode)
+    pairs = iter(range(0xC000_0000, 0xD000_0000, 8))
+    monkeypatch.setattr(G, "_tile_counter", lambda: next(pairs))  # a fresh zeroed pair each
     launches, prepares = [], []
     monkeypatch.setattr(G._launch, "launch", lambda mod, name, grid, block, args, smem, cluster=1:
                         launches.append((mod, name, grid, block, bytes(args[0]), smem) +
@@ -270,3 +272,24 @@ def test_router_wgrad_groups_and_halves_launch_one_cluster_per_output_tile(host)
     assert cfg.GROUPING == 2 and cfg.SPLIT_CLUSTER and not cfg.SPLIT_K and cfg.BN == 128
     assert cluster == 4 and grid == (32 * 4,)
     assert G.GemmSm90Params.from_buffer_copy(params).base.num_groups == 2
+
+
+def test_each_prepared_launch_claims_tiles_with_its_own_counters(host, monkeypatch):
+    """Dynamic tile claims: every prepared Hopper launch gets a counter pair of its own (two
+    launches on different streams may overlap), replays reuse it (the kernel leaves it zeroed),
+    and the switch off or a cluster launch (one tile per CTA) keeps the static order (null)."""
+    launches, prepares = host
+    _call()
+    _call()
+    _call(out_ptr=0xA000_0000)
+    first, again, other = (G.GemmSm90Params.from_buffer_copy(l[4]).base.tile_counter for l in launches)
+    assert first and first == again and other and other != first
+    monkeypatch.setattr(G, "DYNAMIC_TILES", False)
+    _call()
+    assert len(prepares) == 3 and G.GemmSm90Params.from_buffer_copy(launches[-1][4]).base.tile_counter is None
+    monkeypatch.setattr(G, "DYNAMIC_TILES", True)
+    a, b, out = _Array(0x1000_0000), _Array(0x2000_0000), _Array(0x9000_0000)
+    G.gemm(m=192, n=4096, segments=[G.Segment(a, 4096, b, 4096, k=4096)], a_kmajor=True,
+           b_kmajor=False, out=out, ldc=4096, epilogue="bf16", k_splits=5)
+    assert launches[-1][-1] == 5  # a cluster launch
+    assert G.GemmSm90Params.from_buffer_copy(launches[-1][4]).base.tile_counter is None

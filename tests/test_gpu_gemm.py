@@ -341,3 +341,58 @@ def test_even_rounds_grid_gives_the_same_bits(epilogue):
     written = full if epilogue == "swiglu_backward" else full[:, :n]
     assert not np.isnan(written.astype(np.float32)).any()
     np.testing.assert_array_equal(full.view(np.uint16), even.view(np.uint16))
+
+
+@pytest.mark.parametrize("case", ["dense", "m-gather", "k-grouped", "swiglu"])
+def test_dynamic_tile_claims_give_the_same_bits(case, monkeypatch):
+    """Tiles claimed as the CTAs go (gemm.DYNAMIC_TILES) are each computed whole, in the same
+    order of operations, so the results are bitwise those of the static order, whichever CTA
+    took a tile; repeated launches (the kernel zeroes its counters at its end) stay so, and every
+    counter pair is zero again afterwards. Cases: TMA stores, the cp.async producer's tile reads,
+    ping-pong consumers, the staged SwiGLU epilogue warps."""
+    import cupy as cp
+    from cupy_moe.gpu import gemm as G
+    from cupy_moe.gpu.gemm import Segment, SwigluBackward
+
+    rng = np.random.default_rng(29)
+    if case == "dense":
+        m, n, k = 4099, 1032, 520
+        A, B = cp.asarray(_bf16(rng, m, k)), cp.asarray(_bf16(rng, n, k))
+        out = cp.empty((m, n), bfloat16)
+        kw = dict(m=m, n=n, segments=[Segment(A, k, B, k, k=k)], a_kmajor=True, b_kmajor=True, out=out, ldc=n)
+    elif case == "m-gather":
+        Gs, T, K, n, k = 16, 1500, 4, 264, 200
+        offs = _groups(rng, Gs, T * K, empty=(5,))
+        slots = cp.asarray(rng.permutation(T * K).astype(np.int32))
+        X, W = cp.asarray(_bf16(rng, T, k)), cp.asarray(_bf16(rng, Gs, n, k))
+        out = cp.empty((T * K, n), bfloat16)
+        kw = dict(m=T * K, n=n, segments=[Segment(X, k, W, k, k=k, b_group_stride=n * k)], a_kmajor=True,
+                  b_kmajor=True, out=out, ldc=n, grouping="m", group_offsets=cp.asarray(offs),
+                  num_groups=Gs, gather_a=slots, gather_div=K)
+    elif case == "k-grouped":
+        Gs, m, n, L = 9, 264, 520, 3001
+        offs = _groups(rng, Gs, L, empty=(2,))
+        A, B = cp.asarray(_bf16(rng, L, m)), cp.asarray(_bf16(rng, L, n))
+        out = cp.empty((Gs, m, n), bfloat16)
+        kw = dict(m=m, n=n, segments=[Segment(A, m, B, n, k=L)], a_kmajor=False, b_kmajor=False, out=out,
+                  ldc=n, c_group_stride=m * n, grouping="k", group_offsets=cp.asarray(offs), num_groups=Gs)
+    else:
+        m, n, k = 2053, 1408, 192
+        A, B = cp.asarray(_bf16(rng, m, k)), cp.asarray(_bf16(rng, k, n))
+        gate, up = cp.asarray(_bf16(rng, m, n)), cp.asarray(_bf16(rng, m, n))
+        out = cp.empty((m, 2 * n), bfloat16)
+        kw = dict(m=m, n=n, segments=[Segment(A, k, B, n, k=k)], a_kmajor=True, b_kmajor=False, out=None,
+                  ldc=n, epilogue="swiglu_backward",
+                  swiglu=SwigluBackward(gate=gate, up=up, dg=out, du=out.data.ptr + 2 * n, ld_grad=2 * n,
+                                        contract_rounding=True))
+    results = []
+    for dynamic in (False, True, True, True):
+        monkeypatch.setattr(G, "DYNAMIC_TILES", dynamic)
+        out.fill(np.nan)
+        G.gemm(engine="sm90", **kw)
+        results.append(out.get())
+    assert not np.isnan(results[0].astype(np.float32)).any()
+    for r in results[1:]:
+        np.testing.assert_array_equal(results[0].view(np.uint16), r.view(np.uint16))
+    counters = G._counters[cp.cuda.Device().id][0]
+    assert int(cp.count_nonzero(counters)) == 0  # every launch left its pair zeroed

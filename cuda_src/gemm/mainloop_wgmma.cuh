@@ -27,6 +27,7 @@
 #pragma once
 #include "wgmma_ops.cuh"
 #include "scheduler.cuh"
+#include "tile_feed.cuh"
 
 namespace gemm {
 
@@ -66,11 +67,15 @@ struct Plan {
   static constexpr int BARRIERS = DACC + DACC_BYTES;                // full, empty
   static constexpr int TURNS = BARRIERS + 2 * Cfg::STAGES * 8;     // ping-pong: whose MMAs next
   static constexpr int EPI_BARRIERS = TURNS + 2 * 8;                // da' staged, buffer free
-  static constexpr int SCHEDULE = EPI_BARRIERS + (E_STAGED ? 2 * 8 : 0);  // TileScheduler::tile_start
+  static constexpr int FEED = EPI_BARRIERS + (E_STAGED ? 2 * 8 : 0);      // TileFeed
+  static constexpr int SCHEDULE = FEED + TileFeed::BYTES;                 // TileScheduler::tile_start
   static constexpr int FULL_ARRIVALS = 1 + (CPA ? PRODUCER_THREADS : 0);
   static constexpr int CPA_LAG = Cfg::STAGES - 2;  // cp.async stages in flight past the newest
   // Lane 0 of each warp that reads a stage: both consumer warpgroups', or its owner's.
   static constexpr int EMPTY_ARRIVALS = (PINGPONG ? 1 : CONSUMER_WARPGROUPS) * 4;
+  // Warps that read every tile index from the feed: the consumers (both warpgroups, ping-pong
+  // too: the other's tiles pass by), the epilogue warps, a cp.async producer's four.
+  static constexpr int FEED_READERS = CONSUMER_WARPGROUPS * 4 + E_WARPS + (CPA ? 4 : 0);
   // Register split: the producer needs few, each consumer thread holds BN / 2 accumulators.
   // (With the epilogue warpgroup, 512 threads share the file evenly: 128 each, no reallocation.)
   static constexpr int PRODUCER_REGS = 56, CONSUMER_REGS = 224;
@@ -150,16 +155,22 @@ __device__ __forceinline__ void tma_tile(u8* tile, const TmaDesc* map, u64* bar,
   }
 }
 
+// Thread 0 also claims the CTA's tiles and feeds their indices to the other warps: the next one
+// once the current one's loads are issued (its latency hides behind the stages in flight).
 template <class Cfg>
 __device__ __forceinline__ void producer(const GemmSm90Params& P, const Scheduler<Cfg>& sched,
-                                         u8* smem, u64* full, u64* empty, int tid) {
+                                         const TileFeed& feed, u8* smem, u64* full, u64* empty, int tid) {
   using L = Plan<Cfg>;
   constexpr int BN = Cfg::BN;
   const GemmParams& p = P.base;
   if (!L::CPA && tid != 0) return;  // TMA needs one thread
   int stage = 0, issued = 0;
   u32 phase = 0;
-  for (int t = blockIdx.x; t < sched.total; t += gridDim.x) {
+  int claimed = tid == 0 ? feed.first() : 0;
+  for (int i = 0;; ++i) {
+    if (tid == 0) feed.publish(i, claimed);
+    const int t = L::CPA ? feed.read(i, tid % 32) : claimed;
+    if (t >= sched.total) break;
     const Tile tc = sched.tile(t);
     const int grp = Cfg::GROUPING == kMGrouped ? tc.group : 0;
     int kt = 0;  // k-tile over all segments
@@ -200,7 +211,9 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const Schedule
         if (++stage == Cfg::STAGES) { stage = 0; phase ^= 1; }
       }
     }
+    if (tid == 0) claimed = feed.after(t);
   }
+  if (tid == 0) feed.done();
   if constexpr (L::CPA) {
     cp_async_wait<0>();
     fence_proxy_async();
@@ -459,13 +472,15 @@ struct EpilogueRows {
 
 template <class Cfg>
 __device__ __forceinline__ void swiglu_epilogue_warps(const GemmSm90Params& P,
-                                                      const Scheduler<Cfg>& sched,
+                                                      const Scheduler<Cfg>& sched, const TileFeed& feed,
                                                       const u8* dacc, u64* epi_bar, int ew, int lane) {
   using L = Plan<Cfg>;
   using Rows = EpilogueRows<Cfg>;
   constexpr int STEP = L::E_WARPS * Rows::R;
   const GemmParams& p = P.base;
-  for (int t = blockIdx.x, j = 0; t < sched.total; t += gridDim.x, ++j) {
+  for (int j = 0;; ++j) {
+    const int t = feed.read(j, lane);
+    if (t >= sched.total) break;
     const Tile tc = sched.tile(t);
     const int rows = min(BM, tc.m_hi - tc.m0), col = tc.n0 + 4 * lane;
     Rows cur, next;
@@ -616,7 +631,8 @@ __device__ __forceinline__ void store_tile_tma(const GemmSm90Params& P, const Ti
 // warpgroup has issued its previous tile's MMAs).
 template <class Cfg>
 __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Scheduler<Cfg>& sched,
-                                         u8* smem, u64* full, u64* empty, u64* turn, u64* epi_bar, int wg, int tid) {
+                                         const TileFeed& feed, u8* smem, u64* full, u64* empty, u64* turn,
+                                         u64* epi_bar, int wg, int tid) {
   using L = Plan<Cfg>;
   constexpr int BN = Cfg::BN, HV = L::HALVES;
   const int warp = tid / 32, lane = tid % 32;
@@ -629,7 +645,9 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
   };
   // Row offset of accumulator block b within the tile.
   auto row_off = [&](int b) { return L::PINGPONG ? 64 * b : 64 * wg; };
-  for (int t = blockIdx.x, i = 0; t < sched.total; t += gridDim.x, ++i) {
+  for (int i = 0;; ++i) {
+    const int t = feed.read(i, lane);
+    if (t >= sched.total) break;
     const Tile tc = sched.tile(t);
     const int nk = sched.k_tiles(tc);
     if constexpr (L::PINGPONG) {
@@ -732,6 +750,8 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
   u64* turn = (u64*)(smem + L::TURNS);
   u64* epi_bar = (u64*)(smem + L::EPI_BARRIERS);  // [0] da' staged, [1] buffer free
   int* tile_start = (int*)(smem + L::SCHEDULE);
+  // The cluster split-K's CTAs take one tile each, their rank's: always the static order.
+  const TileFeed feed(smem + L::FEED, Cfg::SPLIT_CLUSTER ? nullptr : P.base.tile_counter);
   const int tid = threadIdx.x;
   if (tid == 0) {
     for (int s = 0; s < Cfg::STAGES; ++s) {
@@ -744,6 +764,7 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
       mbar_init(&epi_bar[0], 128 * CONSUMER_WARPGROUPS);
       mbar_init(&epi_bar[1], 32 * L::E_WARPS);
     }
+    feed.init(L::FEED_READERS);
     fence_barrier_init();
   }
   if constexpr (Cfg::GROUPING == kMGrouped) {
@@ -754,13 +775,13 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
   if (tid < PRODUCER_THREADS) {
     if constexpr (L::E_STAGED) {
       if (tid >= 32) {
-        swiglu_epilogue_warps<Cfg>(P, sched, smem + L::DACC, epi_bar, tid / 32 - 1, tid % 32);
+        swiglu_epilogue_warps<Cfg>(P, sched, feed, smem + L::DACC, epi_bar, tid / 32 - 1, tid % 32);
         return;
       }
     } else {
       setmaxnreg_dec<L::PRODUCER_REGS>();
     }
-    producer<Cfg>(P, sched, smem, full, empty, tid);
+    producer<Cfg>(P, sched, feed, smem, full, empty, tid);
     if constexpr (Cfg::SPLIT_CLUSTER) {  // the producer's part of the cluster's two barriers
       __syncwarp();  // (on its own path: these warps run on the producer's few registers)
       cluster_sync();
@@ -769,10 +790,10 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
   } else if (tid < MAIN_THREADS) {
     if constexpr (!L::E_STAGED) setmaxnreg_inc<L::CONSUMER_REGS>();
     const int c = tid - PRODUCER_THREADS;
-    consumer<Cfg>(P, sched, smem, full, empty, turn, epi_bar, c / 128, c % 128);
+    consumer<Cfg>(P, sched, feed, smem, full, empty, turn, epi_bar, c / 128, c % 128);
     if constexpr (Cfg::SPLIT_CLUSTER) split_cluster_epilogue<Cfg>(P, sched, smem, c / 32, tid % 32);
   } else if constexpr (L::E_STAGED) {  // the epilogue warpgroup (no threads past MAIN_THREADS otherwise)
-    swiglu_epilogue_warps<Cfg>(P, sched, smem + L::DACC, epi_bar, 3 + (tid - MAIN_THREADS) / 32, tid % 32);
+    swiglu_epilogue_warps<Cfg>(P, sched, feed, smem + L::DACC, epi_bar, 3 + (tid - MAIN_THREADS) / 32, tid % 32);
   }
 }
 

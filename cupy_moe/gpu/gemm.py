@@ -40,6 +40,11 @@ CONFIG_OVERRIDE: dict = {}
 # summed over DSMEM before the epilogue (Cfg::SPLIT_CLUSTER). 0: the fp32 pieces go through
 # global memory and the caller's kernel instead (A/B; see gpu/sol080.py).
 SPLIT_CLUSTER = os.environ.get("CUPY_MOE_SPLIT_CLUSTER", "1") != "0"
+# Whether the Hopper loop's persistent CTAs claim tiles as they go (an atomic counter per launch,
+# cuda_src/gemm/tile_feed.cuh) instead of taking every gridDim-th one: a CTA that starts late,
+# beside a kernel on another stream, then takes fewer tiles. The same bits either way;
+# CUPY_MOE_DYNAMIC_TILES=0 keeps the static order (A/B).
+DYNAMIC_TILES = os.environ.get("CUPY_MOE_DYNAMIC_TILES", "1") != "0"
 GROUPINGS = {"none": 0, "m": 1, "k": 2}
 EPILOGUES = {"bf16": 0, "f32": 1, "f32_accumulate": 2, "swiglu_backward": 3}
 ENGINES = ("auto", "sm90", "mma")
@@ -73,11 +78,14 @@ class GemmParams(ctypes.Structure):
         ("e_contract", ctypes.c_int32), ("e_ld_grad", ctypes.c_int64),
         # Nonzero at launch time: the kernel does nothing (a failed input check; see cancelled()).
         ("cancel", ctypes.c_void_p),
+        # The Hopper loop's tile claims (cuda_src/gemm/tile_feed.cuh): two zeroed ints of this
+        # launch's own, or null for the static order.
+        ("tile_counter", ctypes.c_void_p),
     ]
     _c_types_ = ["const void*", "const void*", "i64", "i64", "i64", "int", "int", "void*", "i64",
                  "i64", "int", "int", "const int*", "int", "const int*", "const int*", "int",
                  "const void*", "const void*", "const void*", "const float*", "const int*", "void*", "void*",
-                 "void*", "float*", "int", "int", "i64", "const int*"]
+                 "void*", "float*", "int", "int", "i64", "const int*", "int*"]
 
 
 @dataclass(frozen=True)
@@ -165,7 +173,8 @@ class Sm90Config:
         stage = (self.BM + self.BN) * self.BK * 2
         staging = (2 if self.PINGPONG else 1) * self.BM * self.BN * 2 if self.C_TMA else 0
         epilogue = self.BM * self.BN * 4 + 16 if self.E_STAGED else 0
-        return 1024 + self.STAGES * (stage + 16) + staging + epilogue + 16 + 4 * (num_groups + 1)
+        feed = 4 * (4 + 8 + 8)  # TileFeed: 4 slots, their full and empty barriers
+        return 1024 + self.STAGES * (stage + 16) + staging + epilogue + 16 + feed + 4 * (num_groups + 1)
 
     @classmethod
     def choose(cls, m_tiles: int, n: int, sms: int, num_groups: int = 0, pingpong: bool = False,
@@ -319,7 +328,7 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
 
     opt = lambda a: 0 if a is None else _addr(a)
     sw = swiglu if epilogue == "swiglu_backward" else None
-    key = (cupy.cuda.Device().id, PINGPONG, STAGED_EPILOGUE, tuple(sorted(CONFIG_OVERRIDE.items())),
+    key = (cupy.cuda.Device().id, PINGPONG, STAGED_EPILOGUE, DYNAMIC_TILES, tuple(sorted(CONFIG_OVERRIDE.items())),
            m, n, a_kmajor, b_kmajor, opt(out), ldc, epilogue, grouping, opt(group_offsets),
            num_groups, c_group_stride, opt(gather_a), opt(gather_b), gather_div, engine, k_splits,
            cancel, even_rounds, wide, sum_groups_and_halves,
@@ -502,6 +511,8 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
         cfg = dataclasses.replace(cfg, **CONFIG_OVERRIDE)
     P = GemmSm90Params()
     P.base = p
+    # A cluster's CTAs take one tile each, their rank's: no claims.
+    P.base.tile_counter = _tile_counter() if DYNAMIC_TILES and not cluster else 0
     if c_tma:
         c_groups = num_groups if grouping == "k" else 1
         encode_bf16(P.tma_c, p.c, (n, m, c_groups),
@@ -543,6 +554,31 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
         ctas = tiles = outputs * size
     return _Launch("sm90", module, "gemm_sm90_kernel", (ctas,), cfg.threads, smem, bytes(P),
                    GemmSm90Params, cluster=size, m=m, n=n, tiles_n=tiles_n)
+
+
+_COUNTER_PAIRS = 1 << 16
+_counters = {}  # device id -> [zeroed int32 array of _COUNTER_PAIRS pairs, the next pair to give]
+
+
+def _tile_counter() -> int:
+    """The address of a pair of zeroed ints of a prepared launch's own (the kernel leaves them
+    zeroed when it ends), or 0 (static order) for a launch prepared inside a stream capture before
+    any was allocated. Pairs are handed out in turn and come round again only after 65536
+    prepared launches (gemm()'s cache keeps 1024)."""
+    import cupy
+
+    dev = cupy.cuda.Device().id
+    entry = _counters.get(dev)
+    if entry is None:
+        stream = cupy.cuda.get_current_stream()
+        if stream.is_capturing():
+            return 0
+        counters = cupy.zeros(2 * _COUNTER_PAIRS, cupy.int32)
+        stream.synchronize()  # zeroed before a launch on any stream reads them
+        entry = _counters[dev] = [counters, 0]
+    counters, pair = entry
+    entry[1] = (pair + 1) % _COUNTER_PAIRS
+    return counters.data.ptr + 8 * pair
 
 
 def k_splits_for(m: int, n: int, k: int, most: int = 8, sms: int | None = None) -> int:

@@ -33,7 +33,7 @@ def run(key: tuple, make_workspace, enqueue) -> None:
     from . import gemm
 
     stream = cupy.cuda.get_current_stream()
-    key = (cupy.cuda.Device().id, stream.ptr, _launch.PDL,
+    key = (cupy.cuda.Device().id, stream.ptr, _launch.PDL, gemm.DYNAMIC_TILES,
            tuple(sorted(gemm.CONFIG_OVERRIDE.items()))) + key
     entry = _graphs.get(key)
     if entry is not None:

@@ -1,0 +1,76 @@
+// Which tiles a persistent CTA computes, handed from its producer to every warp that walks them.
+//
+// Static (counter == nullptr): tiles blockIdx.x, blockIdx.x + gridDim.x, ... as before.
+// Dynamic (a counter pair in global memory, GemmParams.tile_counter): the first tile is
+// blockIdx.x, every later one is claimed with one atomicAdd when the CTA's producer has issued
+// the loads of its current tile. A CTA that starts late (its SM was held by a kernel on another
+// stream) or whose tiles are cheaper (an M-grouped tile past its expert's end) then simply takes
+// fewer tiles, instead of finishing its fixed share after everyone else. Each tile is still
+// computed whole by one CTA in the same order of operations, so which CTA takes it does not move
+// a bit of the result: deterministic.
+//
+// The producer's thread 0 writes each tile index into a small ring in shared memory; the readers
+// (consumer warps, epilogue warps, a cp.async producer's warps) wait on its full barrier, read,
+// and hand the slot back. The last entry is an index >= the tile count: everyone stops there.
+// Counter reset: counter[1] counts the CTAs whose producer is done claiming; the last of them
+// zeroes both words, so the next launch on the stream (stream order, and every kernel waits for
+// the grid before it: wait_prior_grids) finds them zero: no memset per launch. Two launches that
+// may overlap (other streams) must use different pairs (cupy_moe/gpu/gemm.py gives each prepared
+// launch its own).
+#pragma once
+#include "../common/hopper.cuh"
+
+namespace gemm {
+
+struct TileFeed {
+  static constexpr int SLOTS = 4;  // the producer may run this many tiles ahead of the slowest reader
+  static constexpr int BYTES = SLOTS * (4 + 8 + 8);
+  volatile int* slot;
+  u64* full;
+  u64* empty;
+  int* counter;
+
+  __device__ TileFeed(u8* at, int* tile_counter)
+      : slot((volatile int*)at), full((u64*)(at + 4 * SLOTS)), empty(full + SLOTS), counter(tile_counter) {}
+
+  __device__ void init(int readers) const {  // one thread, before the CTA's first barrier
+    for (int s = 0; s < SLOTS; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], readers);
+    }
+  }
+
+  // The producer's thread 0: the CTA's first tile, and the one after tile t.
+  __device__ int first() const { return blockIdx.x; }
+  __device__ int after(int t) const { return counter ? (int)gridDim.x + atomicAdd(counter, 1) : t + (int)gridDim.x; }
+
+  // The producer's thread 0: tile t is the CTA's entry i.
+  __device__ void publish(int i, int t) const {
+    const int s = i % SLOTS;
+    mbar_wait(&empty[s], ((i / SLOTS) & 1) ^ 1);
+    slot[s] = t;
+    mbar_arrive(&full[s]);
+  }
+
+  // A reader warp, all lanes: entry i. Lane 0 hands the slot back once every lane has read it.
+  __device__ int read(int i, int lane) const {
+    const int s = i % SLOTS;
+    mbar_wait(&full[s], (i / SLOTS) & 1);
+    const int t = slot[s];
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[s]);
+    return t;
+  }
+
+  // The producer's thread 0, after publishing its last entry (an index past the tiles).
+  __device__ void done() const {
+    if (!counter) return;
+    __threadfence();  // this CTA's claims are performed before it counts itself done
+    if (atomicAdd(counter + 1, 1) == (int)gridDim.x - 1) {
+      counter[0] = 0;  // every CTA has made its last claim
+      counter[1] = 0;
+    }
+  }
+};
+
+}  // namespace gemm
