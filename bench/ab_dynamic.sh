@@ -18,8 +18,8 @@ out=${OUT:-/tmp}
   wait
   tail -n 4 "$out/t_gemm.txt" "$out/t_layer.txt" "$out/t_sol.txt"
   echo "== SOL-080: claims on (base) / off (dyn=0)"
-  timeout 200 python3 bench/ab_sol080_plans.py base dyn=0 2>&1
-  for d in 1 0; do
+  timeout 200 python3 bench/ab_sol080_plans.py dyn=all dyn=none 2>&1
+  for d in grouped none; do
     echo "== GEMM and layer tables, CUPY_MOE_DYNAMIC_TILES=$d"
     CUPY_MOE_DYNAMIC_TILES=$d timeout 150 python3 bench/benchmark.py --reps 20 --gemm --layer --T 8192 2>&1 | tail -28
   done

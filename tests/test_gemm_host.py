@@ -275,19 +275,29 @@ def test_router_wgrad_groups_and_halves_launch_one_cluster_per_output_tile(host)
 
 
 def test_each_prepared_launch_claims_tiles_with_its_own_counters(host, monkeypatch):
-    """Dynamic tile claims: every prepared Hopper launch gets a counter pair of its own (two
-    launches on different streams may overlap), replays reuse it (the kernel leaves it zeroed),
-    and the switch off or a cluster launch (one tile per CTA) keeps the static order (null)."""
+    """Dynamic tile claims: every prepared Hopper launch that claims gets a counter pair of its own
+    (two launches on different streams may overlap), replays reuse it (the kernel leaves it
+    zeroed); "grouped" claims for grouped GEMMs only, "none" never, and a cluster launch (one
+    tile per CTA) keeps the static order (null) whatever the switch."""
     launches, prepares = host
+    counter = lambda: G.GemmSm90Params.from_buffer_copy(launches[-1][4]).base.tile_counter
+    _call()
+    assert counter() is None  # the default, "grouped": a dense GEMM keeps the static order
+    monkeypatch.setattr(G, "DYNAMIC_TILES", "all")
     _call()
     _call()
     _call(out_ptr=0xA000_0000)
-    first, again, other = (G.GemmSm90Params.from_buffer_copy(l[4]).base.tile_counter for l in launches)
+    first, again, other = (G.GemmSm90Params.from_buffer_copy(l[4]).base.tile_counter for l in launches[1:])
     assert first and first == again and other and other != first
-    monkeypatch.setattr(G, "DYNAMIC_TILES", False)
+    monkeypatch.setattr(G, "DYNAMIC_TILES", "none")
     _call()
-    assert len(prepares) == 3 and G.GemmSm90Params.from_buffer_copy(launches[-1][4]).base.tile_counter is None
-    monkeypatch.setattr(G, "DYNAMIC_TILES", True)
+    assert len(prepares) == 4 and counter() is None
+    monkeypatch.setattr(G, "DYNAMIC_TILES", "grouped")
+    G.gemm(m=300, n=1408, segments=[G.Segment(_Array(0x1000_0000), 1408, _Array(0x2000_0000), 4096, k=4096)],
+           a_kmajor=False, b_kmajor=False, out=_Array(0x9000_0000), ldc=1408, c_group_stride=300 * 1408,
+           grouping="k", group_offsets=_Array(0x8000_0000), num_groups=4)
+    assert counter()  # grouped: claims
+    monkeypatch.setattr(G, "DYNAMIC_TILES", "all")
     a, b, out = _Array(0x1000_0000), _Array(0x2000_0000), _Array(0x9000_0000)
     G.gemm(m=192, n=4096, segments=[G.Segment(a, 4096, b, 4096, k=4096)], a_kmajor=True,
            b_kmajor=False, out=out, ldc=4096, epilogue="bf16", k_splits=5)

@@ -40,11 +40,16 @@ CONFIG_OVERRIDE: dict = {}
 # summed over DSMEM before the epilogue (Cfg::SPLIT_CLUSTER). 0: the fp32 pieces go through
 # global memory and the caller's kernel instead (A/B; see gpu/sol080.py).
 SPLIT_CLUSTER = os.environ.get("CUPY_MOE_SPLIT_CLUSTER", "1") != "0"
-# Whether the Hopper loop's persistent CTAs claim tiles as they go (an atomic counter per launch,
-# cuda_src/gemm/tile_feed.cuh) instead of taking every gridDim-th one: a CTA that starts late,
-# beside a kernel on another stream, then takes fewer tiles. The same bits either way;
-# CUPY_MOE_DYNAMIC_TILES=0 keeps the static order (A/B).
-DYNAMIC_TILES = os.environ.get("CUPY_MOE_DYNAMIC_TILES", "1") != "0"
+# Which Hopper launches claim their tiles as the CTAs go (an atomic counter pair per launch,
+# cuda_src/gemm/tile_feed.cuh) instead of each CTA taking every gridDim-th tile: "grouped" (M- and
+# K-grouped GEMMs, whose tiles differ in cost at the experts' ends: +1-6% on the grouped GEMM
+# table, layer backward -0.8%), "all", or "none". The same bits either way. Dense GEMMs keep the
+# static order: SOL-080, whose concurrent dense GEMMs share the SMs, measured 1.3 us slower on
+# its mean with claims (bench/NOTES.md v0.10). CUPY_MOE_DYNAMIC_TILES sets it (A/B).
+DYNAMIC_TILES = {"0": "none", "1": "all"}.get(os.environ.get("CUPY_MOE_DYNAMIC_TILES", "grouped"),
+                                               os.environ.get("CUPY_MOE_DYNAMIC_TILES", "grouped"))
+if DYNAMIC_TILES not in ("grouped", "all", "none"):
+    raise ValueError(f"CUPY_MOE_DYNAMIC_TILES: expected grouped, all or none (or 1 / 0), got {DYNAMIC_TILES!r}")
 GROUPINGS = {"none": 0, "m": 1, "k": 2}
 EPILOGUES = {"bf16": 0, "f32": 1, "f32_accumulate": 2, "swiglu_backward": 3}
 ENGINES = ("auto", "sm90", "mma")
@@ -512,7 +517,8 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
     P = GemmSm90Params()
     P.base = p
     # A cluster's CTAs take one tile each, their rank's: no claims.
-    P.base.tile_counter = _tile_counter() if DYNAMIC_TILES and not cluster else 0
+    claims = DYNAMIC_TILES == "all" or DYNAMIC_TILES == "grouped" and grouping != "none"
+    P.base.tile_counter = _tile_counter() if claims and not cluster else 0
     if c_tma:
         c_groups = num_groups if grouping == "k" else 1
         encode_bf16(P.tma_c, p.c, (n, m, c_groups),
