@@ -2,7 +2,8 @@
 #include "common/topk_check.cuh"
 
 // t = bf16(d_act * up); d_up = bf16(d_act * bf16(silu(gate))); d_gate = bf16(t * sig * (1 + gate (1 - sig))).
-// Inputs are [T, I]; row t of the output is [d_gate(t) | d_up(t)] ([T, 2I]), so that one GEMM
+// Inputs are [T, I]; row t of the output holds d_gate(t) | d_up(t) side by side, rows ld apart
+// (the workspace row [hi | d_gate | d_up | lo], cupy_moe/gpu/sol080.py _Acts), so that one GEMM
 // gives both weight gradients and the dgrad reads both halves as two K segments.
 __device__ __forceinline__ void contract_swiglu_grad(float da, float gv, float uv, float& dg, float& du) {
   const float t = round_bf16(da * uv);
@@ -11,17 +12,17 @@ __device__ __forceinline__ void contract_swiglu_grad(float da, float gv, float u
   dg = t * sig * (1.f + gv * (1.f - sig));
 }
 
-__device__ __forceinline__ i64 d_gate_at(i64 i, int I) {  // element i of [T, I] -> its d_gate in [T, 2I]
+__device__ __forceinline__ i64 d_gate_at(i64 i, int I, i64 ld) {  // element i of [T, I] -> its d_gate
   const i64 row = i / I;
-  return row * 2 * I + (i - row * I);
+  return row * ld + (i - row * I);
 }
 
 __device__ __forceinline__ void contract_swiglu_backward(float da, i64 i, const bf16_t* __restrict__ gate,
                                                          const bf16_t* __restrict__ up,
-                                                         bf16_t* __restrict__ d_gate_up, int I) {
+                                                         bf16_t* __restrict__ d_gate_up, int I, i64 ld) {
   float dg, du;
   contract_swiglu_grad(da, bf16_to_f32(gate[i]), bf16_to_f32(up[i]), dg, du);
-  const i64 out = d_gate_at(i, I);
+  const i64 out = d_gate_at(i, I, ld);
   d_gate_up[out + I] = f32_to_bf16(du);
   d_gate_up[out] = f32_to_bf16(dg);
 }
@@ -31,7 +32,7 @@ __device__ __forceinline__ void contract_swiglu_backward(float da, i64 i, const 
 __device__ __forceinline__ void contract_swiglu_backward_x8(const float (&da)[8], i64 i,
                                                             const bf16_t* __restrict__ gate,
                                                             const bf16_t* __restrict__ up,
-                                                            bf16_t* __restrict__ d_gate_up, int I) {
+                                                            bf16_t* __restrict__ d_gate_up, int I, i64 ld) {
   const uint4 g4 = *(const uint4*)(gate + i), u4 = *(const uint4*)(up + i);
   const u32 gw[4] = {g4.x, g4.y, g4.z, g4.w}, uw[4] = {u4.x, u4.y, u4.z, u4.w};
   u32 dgw[4], duw[4];
@@ -45,7 +46,7 @@ __device__ __forceinline__ void contract_swiglu_backward_x8(const float (&da)[8]
     dgw[q] = pack_bf16x2(dg[0], dg[1]);
     duw[q] = pack_bf16x2(du[0], du[1]);
   }
-  const i64 out = d_gate_at(i, I);
+  const i64 out = d_gate_at(i, I, ld);
   *(uint4*)(d_gate_up + out) = make_uint4(dgw[0], dgw[1], dgw[2], dgw[3]);
   *(uint4*)(d_gate_up + out + I) = make_uint4(duw[0], duw[1], duw[2], duw[3]);
 }
@@ -61,45 +62,46 @@ __device__ __forceinline__ bool aligned16(const void* p) { return ((unsigned lon
 extern "C" __global__ void sol080_swiglu_backward(const bf16_t* __restrict__ d_act,
                                                   const bf16_t* __restrict__ gate,
                                                   const bf16_t* __restrict__ up,
-                                                  bf16_t* __restrict__ d_gate_up, int I, i64 n,
+                                                  bf16_t* __restrict__ d_gate_up, int I, i64 n, i64 ld,
                                                   const int* cancel) {
   wait_prior_grids();
   if (cancelled(cancel)) return;
-  if (I % 8 == 0 && aligned16(d_act) && aligned16(gate) && aligned16(up) && aligned16(d_gate_up)) {
+  if (I % 8 == 0 && ld % 8 == 0 && aligned16(d_act) && aligned16(gate) && aligned16(up) && aligned16(d_gate_up)) {
     FOR_EACH_CHUNK8(v, n) {
       const uint4 a4 = ((const uint4*)d_act)[v];
       const u32 aw[4] = {a4.x, a4.y, a4.z, a4.w};
       float da[8];
       #pragma unroll
       for (int e = 0; e < 8; ++e) da[e] = bf16_to_f32((bf16_t)(aw[e / 2] >> (16 * (e % 2))));
-      contract_swiglu_backward_x8(da, 8 * v, gate, up, d_gate_up, I);
+      contract_swiglu_backward_x8(da, 8 * v, gate, up, d_gate_up, I, ld);
     }
     return;
   }
-  FOR_EACH_ELEMENT(i, n) contract_swiglu_backward(bf16_to_f32(d_act[i]), i, gate, up, d_gate_up, I);
+  FOR_EACH_ELEMENT(i, n) contract_swiglu_backward(bf16_to_f32(d_act[i]), i, gate, up, d_gate_up, I, ld);
 }
 
 // The same from d_act's split-K pieces (fp32 [pieces][n]): d_act = bf16(their sum, in order).
 extern "C" __global__ void sol080_swiglu_backward_pieces(const float* __restrict__ d_act_pieces,
                                                          int pieces, const bf16_t* __restrict__ gate,
                                                          const bf16_t* __restrict__ up,
-                                                         bf16_t* __restrict__ d_gate_up, int I, i64 n,
+                                                         bf16_t* __restrict__ d_gate_up, int I, i64 n, i64 ld,
                                                          const int* cancel) {
   wait_prior_grids();
   if (cancelled(cancel)) return;
-  if (I % 8 == 0 && aligned16(d_act_pieces) && aligned16(gate) && aligned16(up) && aligned16(d_gate_up)) {
+  if (I % 8 == 0 && ld % 8 == 0 && aligned16(d_act_pieces) && aligned16(gate) && aligned16(up) &&
+      aligned16(d_gate_up)) {
     FOR_EACH_CHUNK8(v, n) {
       float da[8];
       sum_of_pieces_x8(d_act_pieces, pieces, n, 8 * v, da);
       #pragma unroll
       for (int e = 0; e < 8; ++e) da[e] = round_bf16(da[e]);
-      contract_swiglu_backward_x8(da, 8 * v, gate, up, d_gate_up, I);
+      contract_swiglu_backward_x8(da, 8 * v, gate, up, d_gate_up, I, ld);
     }
     return;
   }
   FOR_EACH_ELEMENT(i, n)
     contract_swiglu_backward(round_bf16(sum_of_pieces(d_act_pieces, pieces, n, i)), i, gate, up,
-                             d_gate_up, I);
+                             d_gate_up, I, ld);
 }
 
 // bf16(sum of split-K pieces, in order): fp32 [pieces][n] -> bf16 [n].
@@ -125,12 +127,14 @@ extern "C" __global__ void sum_pieces_bf16(const float* __restrict__ pieces_, in
 // memory by an expert index (it compares), so a bad row cannot send it out of bounds.
 // q = sum_h g^2 / K (per-lane sums, then a fixed butterfly); c = (q - sum_k q w_k / S) / S with
 // S = sum_k w_k + 1e-20, summed in k order as the contract writes it; grl[t, e] = (sum over k
-// with idx == e of c) * mask * s (1 - s), written as bf16 hi (= the contract's bf16(grl)) and
-// lo = bf16(grl - hi), side by side in hi_lo ([T, 2E], row t = [hi(t) | lo(t)]).
+// with idx == e of c) * mask * s (1 - s), written as bf16 hi (= the contract's bf16(grl)) at
+// hi + t ld and lo = bf16(grl - hi) lo_offset elements past it (the workspace row [hi | d_gate |
+// d_up | lo], or [hi | lo]).
 // It sits alone on the call's critical path, so it is written for latency: every load that does
 // not depend on q (the routing row, the first 128 experts' scores and mask) is issued with the
 // grad_output row's, and with K <= 32 the routing row stays in the lanes'
 // registers (shuffles, no reloads).
+// 64 registers (4 blocks of 8 warps per SM): at ptxas's default 40 the row's pointers spill.
 constexpr int kRouterWarps = 8;
 constexpr int kRouterPrefetch = 4;  // experts per lane whose scores and mask load up front (E <= 128)
 
@@ -192,11 +196,11 @@ __device__ __forceinline__ void write_grl(float grl, i64 at, bf16_t* __restrict_
   lo[at] = f32_to_bf16(grl - bf16_to_f32(h));
 }
 
-extern "C" __global__ void __launch_bounds__(kRouterWarps * 32)
+extern "C" __global__ void __launch_bounds__(kRouterWarps * 32, 4)
 sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ topk_w,
               const i64* __restrict__ topk_idx, const float* __restrict__ mask,
               const float* __restrict__ scores, int T, int H, int E, int K,
-              bf16_t* __restrict__ hi_lo, int* __restrict__ check_scratch,
+              bf16_t* __restrict__ hi_rows, i64 ld, int lo_offset, int* __restrict__ check_scratch,
               volatile int* check_report) {
   wait_prior_grids();
   __shared__ int first_bad[2];
@@ -206,8 +210,6 @@ sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ top
   const int t = blockIdx.x * kRouterWarps + threadIdx.x / 32;
   if (t < T) {  // the whole warp: t is the warp's
     const i64 at0 = (i64)t * E;  // row t of scores and mask
-    bf16_t* const hi = hi_lo + 2 * at0;  // and of hi and lo, side by side
-    bf16_t* const lo = hi + E;
     RoutingRow r{topk_idx + (i64)t * K, topk_w + (i64)t * K, K, -1, 0.f};
     if (K <= 32 && lane < K) {
       r.lane_e = r.idx[lane];
@@ -238,6 +240,8 @@ sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ top
     float sum = 0.f;
     for (int k = 0; k < K; ++k) sum += q * r.weight(k) / S;
     const float c = (q - sum) / S;
+    bf16_t* const hi = hi_rows + (i64)t * ld;
+    bf16_t* const lo = hi + lo_offset;
     #pragma unroll
     for (int j = 0; j < kRouterPrefetch; ++j) {
       const int e = lane + 32 * j;

@@ -396,3 +396,28 @@ def test_dynamic_tile_claims_give_the_same_bits(case, monkeypatch):
         np.testing.assert_array_equal(results[0].view(np.uint16), r.view(np.uint16))
     counters = G._counters[cp.cuda.Device().id][0]
     assert int(cp.count_nonzero(counters)) == 0  # every launch left its pair zeroed
+
+
+@pytest.mark.parametrize("head,rows,n,k", [(128, 2816 + 128, 520, 333), (40, 304, 264, 200), (8, 16, 72, 1)])
+def test_f32_head_and_a_segment_of_the_first_rows(head, rows, n, k):
+    """gemm(f32_head) with a Segment(m=head): [A0 (all rows); A1 (the first head rows)] reduced
+    with B, rows [0, head) as fp32 into one array and the rest as bf16 into another (SOL-080's
+    router weight gradient above [grad_Wg; grad_Wu]). head = 128: the split on a tile edge (TMA
+    stores for the bf16 tiles); 40 and 8: a tile that straddles it, stored from registers, and a
+    second segment whose A ends inside a tile (zeros past it)."""
+    import cupy as cp
+    from cupy_moe.gpu.gemm import Segment, gemm
+
+    rng = np.random.default_rng(head + rows)
+    A0, A1, B = _bf16(rng, k, rows), _bf16(rng, k, head), _bf16(rng, k, n)
+    full = _f(A0).T @ _f(B)
+    full[:head] += _f(A1).T @ _f(B)
+    out = cp.full((rows - head, n), np.nan, bfloat16)
+    out2 = cp.full((head, n), np.nan, np.float32)
+    gemm(m=rows, n=n, segments=[Segment(cp.asarray(A0), rows, cp.asarray(B), n, k=k),
+                                Segment(cp.asarray(A1), head, cp.asarray(B), n, k=k, m=head)],
+         a_kmajor=False, b_kmajor=False, out=out, ldc=n, engine="sm90", f32_head=(out2, n, head))
+    got2, got = out2.get(), out.get().astype(np.float32)
+    assert not np.isnan(got2).any() and not np.isnan(got).any()
+    assert relative_error(got2, full[:head]) < 1e-4  # fp32 out of fp32 accumulators
+    assert relative_error(got, full[head:]) < 1e-2

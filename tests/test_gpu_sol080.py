@@ -221,8 +221,6 @@ def test_router_kernel_writes_the_contracts_router_terms_bitwise(T, H, E, K):
     routed experts and as zeros elsewhere. Unnormalised weights and a random mask make the
     residue non-zero in many rows. The shapes take the kernel's paths: 16-byte rows or not,
     K <= 32 in registers or not, E up to 128 prefetched or more."""
-    import types
-
     import cupy as cp
     from cupy_moe import validate
     from cupy_moe.gpu import sol080 as gpu_sol080
@@ -238,17 +236,20 @@ def test_router_kernel_writes_the_contracts_router_terms_bitwise(T, H, E, K):
                                 d["shared_expert_gate_weight"], d["shared_expert_up_weight"],
                                 d["shared_expert_down_weight"], d["shared_gate_output"],
                                 d["shared_up_output"], d["shared_activated"])
-    ws = types.SimpleNamespace(grl=cp.empty((T, 2 * E), bfloat16))
+    acts = gpu_sol080._Acts(T, 24, E)  # the fused weight gradient's row [hi | d_gate | d_up | lo]
+    rows = cp.full((T, acts.ld), np.nan, bfloat16)
     check = validate.topk_check_in_kernel("topk_indices", inputs.idx, E)
-    gpu_sol080._router_kernel(inputs, ws, check.kernel_args)
+    gpu_sol080._router_kernel(inputs, rows, acts.ld, acts.lo, check.kernel_args)
     check.finish()
     g = a["grad_output"].astype(np.float64)
     q = (g * g).sum(axis=1).astype(np.float32) / np.float32(K)  # the sum is exact in fp32 too
     hi, lo = _router_terms_in_order(a["topk_weights"], a["topk_indices"], a["score_mask"],
                                     a["scores"], q, E)
     assert np.abs(hi.astype(np.float32)).max() > 0  # the residue is not zero everywhere
-    np.testing.assert_array_equal(ws.grl[:, :E].get().view(np.uint16), hi.view(np.uint16))
-    np.testing.assert_array_equal(ws.grl[:, E:].get().view(np.uint16), lo.view(np.uint16))
+    got = rows.get()
+    np.testing.assert_array_equal(got[:, :E].view(np.uint16), hi.view(np.uint16))
+    np.testing.assert_array_equal(got[:, acts.lo:].view(np.uint16), lo.view(np.uint16))
+    assert np.isnan(got[:, E:acts.lo].astype(np.float32)).all()  # d_gate and d_up's columns untouched
 
 
 @pytest.mark.parametrize("knob,value,T,atol", [("FUSED_D_ACT", False, 997, 0.36),

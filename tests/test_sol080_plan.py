@@ -28,10 +28,10 @@ def plan_of(monkeypatch):
     monkeypatch.setattr(gemm, "_device_info", lambda device_id: ("90", 132))
     monkeypatch.setattr(sol080, "CONCURRENT", True)
 
-    def plan(T):
-        g, wr, gate = _Array((T, H)), _Array((E, H)), _Array((T, I))
+    def plan(T, e=E):
+        g, x, wr, gate = _Array((T, H)), _Array((T, H), 0x2000_0000), _Array((e, H)), _Array((T, I))
         wg, wu, wd = _Array((I, H)), _Array((I, H)), _Array((H, I))
-        return sol080._Plan.of(g, wr, wg, wu, wd, gate)
+        return sol080._Plan.of(g, x, wr, wg, wu, wd, gate)
     return plan
 
 
@@ -112,3 +112,16 @@ def test_every_router_wgrad_knob_reaches_the_plan(plan_of, monkeypatch):
             m.setattr(module, knob, False)
             assert not plan_of(1879).wgrad_cluster, knob
     assert not plan_of(8192).wgrad_cluster  # above router._CLUSTER_SUM_MAX_T
+
+
+def test_router_wgrad_rides_in_the_weight_gradient_gemm(plan_of, monkeypatch):
+    """The router weight gradient runs as the first E rows of the grad_[Wg; Wu] GEMM at every
+    workload; the A/B knob turns it back into its own GEMM, and so does a workspace row the
+    Hopper loop cannot read (E = 6: [hi | d_gate | d_up | lo] puts lo 2828 bytes into a row of
+    5644, not on 16-byte boundaries)."""
+    from cupy_moe.gpu import sol080
+
+    assert all(plan_of(T).wgrad_fused for T in (1, 192, 2053, 3072, 8192))
+    assert not plan_of(2053, e=6).wgrad_fused
+    monkeypatch.setattr(sol080, "FUSED_WGRAD", False)
+    assert not plan_of(2053).wgrad_fused

@@ -96,6 +96,10 @@ struct Plan {
                                         !E_STAGED && Cfg::EPILOGUE != kAccumulateF32 &&
                                         Cfg::STAGES * STAGE_BYTES >= BM * 128 * 4),
                 "cluster split-K: cooperative 128 x 128 tiles, register epilogues");
+  // ROW_SPLIT: rows [0, c2_rows) of the result leave as fp32 to c2, the rest as bf16 to c (from
+  // its row 0); tiles that reach into the fp32 rows store from registers.
+  static_assert(!Cfg::ROW_SPLIT || (Cfg::EPILOGUE == kStoreBf16 && Cfg::GROUPING == kNone && !Cfg::SPLIT_K),
+                "row split: a bf16 result of an ungrouped, unsplit GEMM");
   static_assert(Cfg::GROUPING != kKGrouped || (!Cfg::A_KMAJOR && !Cfg::B_KMAJOR),
                 "K-grouped GEMMs reduce over memory lines: both operands MN-major");
   static_assert(!E_STAGED || (Cfg::EPILOGUE == kSwigluBackward && !PINGPONG && !Cfg::C_TMA && !CPA &&
@@ -175,6 +179,7 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const Schedule
     const int grp = Cfg::GROUPING == kMGrouped ? tc.group : 0;
     int kt = 0;  // k-tile over all segments
     for (int s = 0; s < p.num_segments; ++s) {
+      if (!sched.in_segment(tc, s)) continue;  // as k_tiles counts them
       const int k_begin = Cfg::GROUPING == kKGrouped ? tc.k_lo : 0;
       const int k_end = Cfg::GROUPING == kKGrouped ? tc.k_hi : p.seg_k[s];
       const bf16_t* a_base = (const bf16_t*)p.a[s];
@@ -258,7 +263,13 @@ __device__ __forceinline__ void store_tile_direct(const GemmParams& p, const Til
       const int row = row0 + 8 * h;
       if (row >= tc.m_hi) continue;
       const float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
-      const i64 at = c_off + (i64)row * p.ldc + col;
+      if constexpr (Cfg::ROW_SPLIT) {
+        if (row < p.c2_rows) {
+          *(float2*)((float*)p.c2 + (i64)row * p.ldc2 + col) = make_float2(v0, v1);
+          continue;
+        }
+      }
+      const i64 at = c_off + (i64)(Cfg::ROW_SPLIT ? row - p.c2_rows : row) * p.ldc + col;
       if constexpr (Cfg::EPILOGUE == kStoreBf16) {
         *(u32*)((bf16_t*)p.c + at) = pack_bf16x2(v0, v1);
       } else if constexpr (Cfg::EPILOGUE == kStoreF32) {
@@ -620,7 +631,7 @@ __device__ __forceinline__ void store_tile_tma(const GemmSm90Params& P, const Ti
       #pragma unroll
       for (int a = 0; a < ATOMS; ++a)
         tma_store_3d(&P.tma_c, staging + (b * ATOMS + a) * (64 * 128), tc.n0 + 64 * a,
-                     tc.m0 + row_off + 64 * b, group);
+                     tc.m0 + row_off + 64 * b - (Cfg::ROW_SPLIT ? P.base.c2_rows : 0), group);
     bulk_commit();
   }
 }
@@ -725,7 +736,8 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
       mbar_wait(&epi_bar[1], (i & 1) ^ 1);
       stage_accumulators<Cfg>(acc[0], smem + L::DACC, wg, tid);
       mbar_arrive(&epi_bar[0]);
-    } else if (L::TMA_STORE && (Cfg::GROUPING != kMGrouped || tc.m0 + row_off(0) + L::WG_ROWS <= tc.m_hi)) {
+    } else if (L::TMA_STORE && (Cfg::GROUPING != kMGrouped || tc.m0 + row_off(0) + L::WG_ROWS <= tc.m_hi) &&
+               (!Cfg::ROW_SPLIT || tc.m0 >= P.base.c2_rows)) {
       store_tile_tma<Cfg>(P, tc, acc, smem + L::STAGING + wg * L::STAGING_BYTES, row_off(0), wg, tid);
     } else {
       #pragma unroll

@@ -108,11 +108,16 @@ struct TileScheduler {
     return !SPLIT || (kt >= c.k_lo && kt < c.k_hi);
   }
 
+  // Whether segment s reaches the tile's rows (a segment whose A has only seg_m[s] rows, the rest
+  // zeros, adds nothing to the rows past them: its loads and MMAs are skipped there).
+  __device__ bool in_segment(const Tile& c, int s) const { return p.seg_m[s] == 0 || c.m0 < p.seg_m[s]; }
+
   // Reduction tiles of a tile: every segment's k range in BK steps (split-K: its piece's).
   __device__ int k_tiles(const Tile& c) const {
     if constexpr (SPLIT) return c.k_hi - c.k_lo;
     int n = 0;
     for (int s = 0; s < p.num_segments; ++s) {
+      if (!in_segment(c, s)) continue;
       const int k = GROUPING == kKGrouped ? c.k_hi - c.k_lo : p.seg_k[s];
       n += (k + BK - 1) / BK;
     }

@@ -70,6 +70,8 @@ class GemmParams(ctypes.Structure):
         ("a", ctypes.c_void_p * MAX_SEGMENTS), ("b", ctypes.c_void_p * MAX_SEGMENTS),
         ("lda", ctypes.c_int64 * MAX_SEGMENTS), ("ldb", ctypes.c_int64 * MAX_SEGMENTS),
         ("b_group_stride", ctypes.c_int64 * MAX_SEGMENTS), ("seg_k", ctypes.c_int32 * MAX_SEGMENTS),
+        # Rows of A each segment has (0: all m); the Hopper loop skips it for tiles past them.
+        ("seg_m", ctypes.c_int32 * MAX_SEGMENTS),
         ("num_segments", ctypes.c_int32),
         ("c", ctypes.c_void_p), ("ldc", ctypes.c_int64), ("c_group_stride", ctypes.c_int64),
         ("m", ctypes.c_int32), ("n", ctypes.c_int32),
@@ -86,11 +88,15 @@ class GemmParams(ctypes.Structure):
         # The Hopper loop's tile claims (cuda_src/gemm/tile_feed.cuh): two zeroed ints of this
         # launch's own, or null for the static order.
         ("tile_counter", ctypes.c_void_p),
+        # Sm90Config.ROW_SPLIT: rows [0, c2_rows) of the result as fp32 to c2 (ldc2), the rest as
+        # bf16 to c from its row 0.
+        ("c2", ctypes.c_void_p), ("ldc2", ctypes.c_int64), ("c2_rows", ctypes.c_int32),
     ]
-    _c_types_ = ["const void*", "const void*", "i64", "i64", "i64", "int", "int", "void*", "i64",
+    _c_types_ = ["const void*", "const void*", "i64", "i64", "i64", "int", "int", "int", "void*", "i64",
                  "i64", "int", "int", "const int*", "int", "const int*", "const int*", "int",
                  "const void*", "const void*", "const void*", "const float*", "const int*", "void*", "void*",
-                 "void*", "float*", "int", "int", "i64", "const int*", "int*"]
+                 "void*", "float*", "int", "int", "i64", "const int*", "int*",
+                 "void*", "i64", "int"]
 
 
 @dataclass(frozen=True)
@@ -164,6 +170,7 @@ class Sm90Config:
     SPLIT_CLUSTER: bool = False  # the pieces of a tile are a cluster that sums them itself
     PACKED_CONTRACT: bool = True  # SOL-080's SwiGLU contract with bf16x2 products (same bits;
     # False: element by element, the A/B path through CONFIG_OVERRIDE)
+    ROW_SPLIT: bool = False  # the result's first rows as fp32 elsewhere (gemm(f32_head))
 
     BM = 128
     BK = 64
@@ -242,7 +249,8 @@ def device_sms() -> int:
 class Segment:
     """One K segment: A (lda), B (ldb) and its reduction length k (K-grouped: the operands' memory
     lines, i.e. the last group offset). b_group_stride: elements between consecutive experts' B
-    (M-grouped)."""
+    (M-grouped). m > 0: A has only its first m rows (the rest count as zeros; tiles past them
+    skip the segment), e.g. a second reduction that reaches the first rows of the result only."""
 
     a: object
     lda: int
@@ -250,6 +258,7 @@ class Segment:
     ldb: int
     k: int = 0
     b_group_stride: int = 0
+    m: int = 0  # rows of A this segment has, the rest zeros (0: all; the Hopper loop only)
 
 
 @dataclass
@@ -288,7 +297,8 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
          group_offsets=None, num_groups: int = 0, c_group_stride: int = 0,
          gather_a=None, gather_b=None, gather_div: int = 1, engine: str = "auto",
          swiglu: SwigluBackward | None = None, k_splits: int = 1, cancel: int | None = None,
-         even_rounds: bool = False, wide: bool = False, sum_groups_and_halves: bool = False) -> None:
+         even_rounds: bool = False, wide: bool = False, sum_groups_and_halves: bool = False,
+         f32_head: tuple | None = None) -> None:
     """Launch one GEMM on the current stream.
 
     grouping='m': rows are experts' segments group_offsets[g]:group_offsets[g+1] of m total rows,
@@ -319,6 +329,10 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     stacked [hi; lo] rows), added in (piece, half) order inside the kernel by a cluster of
     2 x num_groups CTAs per output tile (num_groups may drop until every cluster is resident);
     where the Hopper loop does not apply, one ungrouped GEMM over the two halves.
+    f32_head = (out2, ld2, rows) (epilogue 'bf16', ungrouped, unsplit; the Hopper loop only, as
+    Segment.m): rows [0, rows) of the result go to out2 as fp32 (leading dimension ld2), the rest
+    to out as bf16 from its row 0 (two results of one reduction over the same B: SOL-080's router
+    weight gradient above [grad_Wg; grad_Wu]).
 
     A launch's parameter block depends only on addresses and sizes, so it is built once per
     distinct call and replayed from a cache afterwards (repeated calls on the same buffers, as a
@@ -337,13 +351,21 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
            m, n, a_kmajor, b_kmajor, opt(out), ldc, epilogue, grouping, opt(group_offsets),
            num_groups, c_group_stride, opt(gather_a), opt(gather_b), gather_div, engine, k_splits,
            cancel, even_rounds, wide, sum_groups_and_halves,
-           tuple((_addr(s.a), s.lda, _addr(s.b), s.ldb, s.k, s.b_group_stride) for s in segments),
+           None if f32_head is None else (_addr(f32_head[0]),) + tuple(f32_head[1:]),
+           tuple((_addr(s.a), s.lda, _addr(s.b), s.ldb, s.k, s.b_group_stride, s.m) for s in segments),
            None if sw is None else tuple(opt(a) for a in (sw.gate, sw.up, sw.dg, sw.du, sw.act,
                                                          sw.weights, sw.row_index, sw.aw, sw.dw))
            + (sw.ld_grad, sw.contract_rounding))
     if k_splits > 1 and epilogue != "f32":
         assert SPLIT_CLUSTER and k_splits <= 8 and (sw is None or sw.act is None and sw.aw is None), \
             "in-kernel split-K sums: at most 8 pieces, no routed-expert SwiGLU outputs"
+    if f32_head is not None or any(s.m for s in segments):
+        assert k_splits == 1 and not sum_groups_and_halves and gather_a is None and gather_b is None and (
+            f32_head is None or (epilogue == "bf16" and grouping == "none" and 0 < f32_head[2] < m
+                                 and _addr(f32_head[0]) % 8 == 0 and f32_head[1] % 2 == 0))
+        if engine == "mma":
+            raise ValueError("Segment.m and f32_head need the sm90 GEMM")
+        engine = "sm90"
     if sum_groups_and_halves:
         assert (SPLIT_CLUSTER and grouping == "k" and group_offsets is None and epilogue == "f32"
                 and m % 256 == 0 and 1 <= num_groups <= 4 and len(segments) == 1 and not a_kmajor)
@@ -358,7 +380,7 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
         launch = _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping,
                           group_offsets, num_groups, c_group_stride, gather_a, gather_b,
                           gather_div, engine, sw, cancel, k_splits, even_rounds, wide,
-                          sum_groups_and_halves)
+                          sum_groups_and_halves, f32_head)
         if len(_prepared) >= 1024:
             _prepared.clear()
         _prepared[key] = launch
@@ -414,12 +436,14 @@ class _Launch:
 
 def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, group_offsets,
              num_groups, c_group_stride, gather_a, gather_b, gather_div, engine, sw,
-             cancel=None, k_splits=1, even_rounds=False, wide=False, halves=False) -> _Launch:
+             cancel=None, k_splits=1, even_rounds=False, wide=False, halves=False,
+             f32_head=None) -> _Launch:
     p = GemmParams()
     p.cancel = cancel or 0
     for i, s in enumerate(segments):
         p.a[i], p.b[i] = _addr(s.a), _addr(s.b)
         p.lda[i], p.ldb[i], p.b_group_stride[i], p.seg_k[i] = s.lda, s.ldb, s.b_group_stride, s.k
+        p.seg_m[i] = s.m
     p.num_segments = len(segments)
     p.c, p.ldc, p.c_group_stride = (0 if out is None else _addr(out)), ldc, c_group_stride
     p.m, p.n = m, n
@@ -428,6 +452,11 @@ def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, g
     p.gather_a = 0 if gather_a is None else _addr(gather_a)
     p.gather_b = 0 if gather_b is None else _addr(gather_b)
     p.gather_div = gather_div
+    if f32_head is not None:
+        p.c2, p.ldc2, p.c2_rows = _addr(f32_head[0]), f32_head[1], f32_head[2]
+        flags_head = dict(ROW_SPLIT=True)
+    else:
+        flags_head = {}
     if sw is not None:
         p.e_gate, p.e_up, p.e_dg, p.e_du = (_addr(a) for a in (sw.gate, sw.up, sw.dg, sw.du))
         p.e_act, p.e_row_weight, p.e_row_index, p.e_aw = (
@@ -440,8 +469,8 @@ def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, g
         why = _sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stride,
                                 flags["GATHER_A"], flags["GATHER_B"])
         if why is None:
-            return _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits,
-                                 even_rounds, wide, halves)
+            return _prepare_sm90(p, segments, m, n, grouping, num_groups, dict(flags, **flags_head),
+                                 k_splits, even_rounds, wide, halves)
         if engine == "sm90":
             raise ValueError(f"the sm90 GEMM does not apply: {why}")
     if sw is not None and (sw.contract_rounding or sw.ld_grad):
@@ -499,6 +528,7 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
     sms = device_sms()
     m_tiles = cdiv(m, Sm90Config.BM) + (num_groups if grouping == "m" else 0)
     c_tma = (flags["EPILOGUE"] == EPILOGUES["bf16"] and p.ldc % 8 == 0 and p.c_group_stride % 8 == 0)
+    c_rows = m - p.c2_rows  # the bf16 result's rows (all of them without a row split)
     if PINGPONG == "auto":
         pingpong = grouping == "k" and not wide_tiles_pay(n, GROUPINGS[grouping])
     else:
@@ -521,15 +551,16 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
     P.base.tile_counter = _tile_counter() if claims and not cluster else 0
     if c_tma:
         c_groups = num_groups if grouping == "k" else 1
-        encode_bf16(P.tma_c, p.c, (n, m, c_groups),
-                    (p.ldc, p.c_group_stride if c_groups > 1 else p.ldc * m), (64, 64, 1))
+        encode_bf16(P.tma_c, p.c, (n, c_rows, c_groups),
+                    (p.ldc, p.c_group_stride if c_groups > 1 else p.ldc * c_rows), (64, 64, 1))
     copy_a, copy_b = cfg.GATHER_A, cfg.GATHER_B
     groups = num_groups if grouping == "m" else 1
     for i, s in enumerate(segments):
         if s.k == 0:
             continue  # no reduction tiles: the map is never read
         if not copy_a:  # A is never grouped: 2-D (a unit third dimension)
-            dims = (s.k, m) if cfg.A_KMAJOR else (m, s.k)
+            rows = s.m or m  # rows past a segment's own read as zeros
+            dims = (s.k, rows) if cfg.A_KMAJOR else (rows, s.k)
             box = (64, cfg.BM) if cfg.A_KMAJOR else (64, 64)
             encode_bf16(P.tma_a[i], _addr(s.a), dims + (1,), (s.lda, s.lda * dims[1]), box + (1,))
         if not copy_b:
@@ -677,4 +708,7 @@ def example_sm90_configs():
     # The router weight gradient's K-groups and [hi; lo] halves summed inside a cluster.
     out.append(Sm90Config.choose(2, 4096, 132, 0, False, A_KMAJOR=False, B_KMAJOR=False,
                                  GROUPING=2, EPILOGUE=1, SPLIT_CLUSTER=True))
+    # SOL-080's router weight gradient as the fp32 first rows of grad_[Wg; Wu] (f32_head).
+    out.append(Sm90Config.choose(24, 4096, 132, 0, False, A_KMAJOR=False, B_KMAJOR=False, C_TMA=True,
+                                 ROW_SPLIT=True))
     return out

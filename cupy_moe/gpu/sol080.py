@@ -11,11 +11,19 @@ The contract's three dgrad products (d_up Wu, d_gate Wg, bf16(grl) Wr) run as on
 concatenated reduction, accumulated in fp32 and rounded once (within the pass rule; the contract
 rounds each to bf16 first).
 
+The router weight gradient (step 11, fp32 products: grl = hi + lo, two bf16 halves) and the two
+weight gradients that reduce over the same x run as one GEMM: one workspace row per token holds
+[hi | d_gate | d_up | lo] (_Acts), and [grad_router; grad_Wg; grad_Wu] = [hi | d_gate | d_up]^T x
++ [lo | 0]^T x, the second reduction only over the router's rows (gemm Segment.m), the router's
+rows leaving as fp32 (gemm f32_head). x is read once for all three, and the router's rows, a
+memory-bound GEMM of their own (35 us at T = 8192), become 128 more rows of a compute-bound one.
+(CUPY_MOE_SOL080_FUSED_WGRAD=0: the router wgrad as its own GEMM, router.weight_gradient, A/B.)
+
 The launches form a small DAG over two streams (fork/join by events, captured as graph branches):
     main: d_act GEMM (+ SwiGLU backward) .. dgrad [d_gate | d_up | bf16(grl)] @ [Wg; Wu; Wr]
-          .. router wgrad (T above the split-K range)
-    side: router kernel (+ the top-k index check) .. grad_Wd = g^T act .. grad_[Wg; Wu] =
-          [d_gate | d_up]^T x .. router wgrad (split-K range)
+    side: router kernel (+ the top-k index check) .. grad_Wd = g^T act .. [grad_router; grad_Wg;
+          grad_Wu] (with FUSED_WGRAD=0: grad_[Wg; Wu], and the router wgrad at the end of the
+          branch that ends first)
 The router kernel runs the call's index check, whose verdict every later launch reads. It runs
 beside d_act where d_act leaves it at least 8 SMs (_Plan.router_beside: d_act on the fewest CTAs
 that keep its rounds, or split in fewer pieces); every GEMM CTA takes a whole SM's registers, so
@@ -58,6 +66,9 @@ WGRAD_AT = os.environ.get("CUPY_MOE_SOL080_WGRAD", "auto")
 # first: T = 3072, 6144), run d_act as a plain 128 x 256 GEMM (more efficient per FLOP, and its
 # even-rounds grid leaves SMs free) with the router beside it, then the elementwise SwiGLU backward.
 WIDE_D_ACT = os.environ.get("CUPY_MOE_SOL080_WIDE_D_ACT", "0") != "0"
+# A/B only: 0 runs the router weight gradient as its own GEMM (router.weight_gradient) instead of
+# as the first rows of the grad_[Wg; Wu] GEMM.
+FUSED_WGRAD = os.environ.get("CUPY_MOE_SOL080_FUSED_WGRAD", "1") != "0"
 # A/B only: 1 sums small-T d_act's and the dgrad's split-K pieces in the GEMM, a cluster per tile
 # (gemm.SPLIT_CLUSTER), instead of through global memory and the sum kernels: 1.5-5 us slower at
 # T <= 384 (bench/NOTES.md v0.9).
@@ -126,16 +137,21 @@ class _Plan:
     split_cluster: bool = False           # gemm.SPLIT_CLUSTER and SPLIT_CLUSTER: split pieces summed in the GEMM
     wgrad_cluster: bool = True            # router.summed_in_the_gemm: its knobs, E and T
     act_wide: bool = False                # WIDE_D_ACT applied: plain 128 x 256 d_act (A/B)
+    wgrad_fused: bool = True              # the router wgrad in the grad_[Wg; Wu] GEMM (FUSED_WGRAD)
 
     @classmethod
-    def of(cls, g, wr, wg, wu, wd, gate):
+    def of(cls, g, x, wr, wg, wu, wd, gate):
         T, H = g.shape
         I, E = gate.shape[1], wr.shape[0]
         d_act_on_sm90 = sm90_applies(T, I, [Segment(g, H, wd, I, k=H)], True, False)
-        # The dgrad's A operands live in the workspace (256-byte aligned): their byte offsets
-        # stand in for their addresses (d_up: I bf16 into each row).
-        dgrad_on_sm90 = sm90_applies(T, H, [Segment(2 * I, 2 * I, wu, H, k=I), Segment(0, 2 * I, wg, H, k=I),
-                                            Segment(0, 2 * E, wr, H, k=E)], True, False)
+        # The workspace (256-byte aligned) stands in as address 0: byte offsets for addresses.
+        acts = _Acts(T, I, E)
+        wgrad_fused = FUSED_WGRAD and sm90_applies(E + 2 * I, H, acts.wgrad_segments(0, x, H, T),
+                                                   False, False)
+        hi = Segment(acts.at(0, acts.hi), acts.ld, wr, H, k=E) if wgrad_fused else Segment(0, 2 * E, wr, H, k=E)
+        dgrad_on_sm90 = sm90_applies(T, H, [Segment(acts.at(0, acts.du), acts.ld, wu, H, k=I),
+                                            Segment(acts.at(0, acts.dg), acts.ld, wg, H, k=I), hi],
+                                     True, False)
         act_splits = k_splits_for(T, I, H) if d_act_on_sm90 else 1
         act_fused = d_act_on_sm90 and act_splits == 1 and FUSED_D_ACT
         sms = device_sms()
@@ -159,7 +175,46 @@ class _Plan:
                    router_beside=router_beside, even_rounds=EVEN_ROUNDS, wgrad_at=WGRAD_AT,
                    wgrad_stacked=router.STACKED, split_cluster=gemm_module.SPLIT_CLUSTER and SPLIT_CLUSTER,
                    wgrad_cluster=router.summed_in_the_gemm(T, E),
-                   act_wide=act_wide)
+                   act_wide=act_wide, wgrad_fused=wgrad_fused)
+
+
+@dataclass(frozen=True)
+class _Acts:
+    """Where a token's bf16 activation gradients sit in the workspace row [hi | d_gate | d_up | lo]
+    (element offsets; ld per row): the dgrad reads d_up, d_gate and hi as three K segments, the
+    fused weight-gradient GEMM [hi | d_gate | d_up] as its rows and lo as the router's second
+    reduction."""
+
+    T: int
+    I: int
+    E: int
+
+    @property
+    def ld(self) -> int:
+        return 2 * self.E + 2 * self.I
+
+    hi = 0
+
+    @property
+    def dg(self) -> int:
+        return self.E
+
+    @property
+    def du(self) -> int:
+        return self.E + self.I
+
+    @property
+    def lo(self) -> int:
+        return self.E + 2 * self.I
+
+    def at(self, base, offset: int) -> int:
+        """Byte address of column `offset` of row 0 (base: an array or an address)."""
+        return (base if isinstance(base, int) else base.data.ptr) + 2 * offset
+
+    def wgrad_segments(self, base, x, H, T) -> list:
+        """[hi | d_gate | d_up]^T x over all E + 2I rows, then lo^T x over the first E."""
+        return [Segment(self.at(base, self.hi), self.ld, x, H, k=T),
+                Segment(self.at(base, self.lo), self.ld, x, H, k=T, m=self.E)]
 
 
 _D_ACT_TILE = 128  # d_act's tile edge (Sm90Config.choose: 128 x 128 for n = 1408, fused or not)
@@ -173,19 +228,20 @@ class _Workspace:
     d_act: object      # [T, I] bf16 (None when the SwiGLU backward runs in the GEMM's epilogue)
     act_pieces: object    # [splits, T, I] fp32 split-K pieces of d_act, or None
     dgrad_pieces: object  # [splits, T, H] fp32 split-K pieces of grad_hidden_states, or None
-    d_gu: object       # [T, 2I] bf16, row t = [d_gate(t) | d_up(t)]
-    grl: object        # [T, 2E] bf16, row t = [hi(t) | lo(t)]: hi = bf16(grl), hi + lo = grl
+    acts: object       # [T, 2E + 2I] bf16, row t = [hi(t) | d_gate(t) | d_up(t) | lo(t)] (_Acts):
+    #                    hi = bf16(grl), hi + lo = grl
+    grl: object        # FUSED_WGRAD off: [T, 2E] bf16, row t = [hi(t) | lo(t)] (router.py's form), else None
     partial: object    # fp32 pieces of the router weight gradient (router.py), or None
 
     @classmethod
     def allocate(cls, T, H, I, E, plan: _Plan):
         pieces = lambda n, *shape: cp.empty((n,) + shape, cp.float32) if n > 1 else None
-        wgrad_pieces = router.weight_gradient_pieces_shape(T, E, H)
+        wgrad_pieces = None if plan.wgrad_fused else router.weight_gradient_pieces_shape(T, E, H)
         return cls(d_act=None if plan.act_fused or plan.act_splits > 1 else cp.empty((T, I), bfloat16),
                    act_pieces=None if plan.split_cluster else pieces(plan.act_splits, T, I),
                    dgrad_pieces=None if plan.split_cluster else pieces(plan.dgrad_splits, T, H),
-                   d_gu=cp.empty((T, 2 * I), bfloat16),
-                   grl=cp.empty((T, 2 * E), bfloat16),
+                   acts=cp.empty((T, _Acts(T, I, E).ld), bfloat16),
+                   grl=None if plan.wgrad_fused else cp.empty((T, 2 * E), bfloat16),
                    partial=wgrad_pieces and cp.empty(wgrad_pieces, cp.float32))
 
 
@@ -203,7 +259,7 @@ def sol080_backward(g, x, wr, bias, logits, scores, idx, tw, mask, wg, wu, wd, g
     inputs = _Inputs(g, x, wr, scores, idx, tw, mask, wg, wu, wd, gate, up, act)
     outputs = (grad_h, grad_router, grad_wgu, grad_wd)
     check = validate.topk_check_in_kernel("topk_indices", idx, E)
-    plan = _Plan.of(g, wr, wg, wu, wd, gate)
+    plan = _Plan.of(g, x, wr, wg, wu, wd, gate)
     key = ("sol080", T, H, I, E, idx.shape[1], check.cancel, plan) + tuple(
         a.data.ptr for a in inputs + outputs)
     try:
@@ -220,7 +276,8 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
     grad_h, grad_router, grad_wgu, grad_wd = outputs
     cancel = check.cancel
     d_act, wd_grad = _d_act_gemm(inputs, ws, plan), _grad_wd_gemm(inputs, grad_wd)
-    dgrad, wgu_grad = _dgrad_gemm(inputs, grad_h, ws, plan), _grad_wgu_gemm(inputs, grad_wgu, ws)
+    dgrad = _dgrad_gemm(inputs, grad_h, ws, plan)
+    wgu_grad = _grad_wgu_gemm(inputs, grad_wgu, grad_router, ws, plan)
     for kwargs in (wd_grad, dgrad, wgu_grad):
         kwargs["cancel"] = cancel
     # d_act reads no routing: beside the router kernel (which runs the check) it cannot wait for
@@ -232,17 +289,22 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
             kwargs["even_rounds"] = True
     main = cp.cuda.get_current_stream()
     side = _Side.of(main) if CONCURRENT else None
+    router_kernel = lambda: _router_kernel(inputs, *_grl_at(inputs, ws, plan), check.kernel_args)
     if not plan.router_beside:
-        _router_kernel(inputs, ws, check.kernel_args)  # first: the index check every launch reads
+        router_kernel()  # first: the index check every launch reads
     if side is not None:
         side.fork.record(main)
         side.stream.wait_event(side.fork)
-    router_wgrad = lambda: router.weight_gradient(ws.grl, inputs.x, grad_router, ws.partial, cancel)
+
+    def router_wgrad():  # its own GEMM (FUSED_WGRAD off), placed by plan.wgrad_at
+        if not plan.wgrad_fused:
+            router.weight_gradient(ws.grl, inputs.x, grad_router, ws.partial, cancel)
+
     gemm(**d_act)
     _finish_d_act(inputs, ws, plan, d_act["cancel"])
     with side.stream if side else main:
         if plan.router_beside:
-            _router_kernel(inputs, ws, check.kernel_args)
+            router_kernel()
             side.router_done.record()
         gemm(**wd_grad)
         if side and plan.wgrad_at == "side-early":
@@ -281,10 +343,11 @@ def _d_act_gemm(inputs: _Inputs, ws: _Workspace, plan: _Plan) -> dict:
     I = inputs.gate.shape[1]
     common = dict(m=T, n=I, segments=[Segment(inputs.g, H, inputs.wd, I, k=H)], a_kmajor=True,
                   b_kmajor=False, ldc=I)
-    d_up = ws.d_gu.data.ptr + 2 * I  # bytes: the second half of every row
+    acts = _Acts(T, I, inputs.wr.shape[0])
     swiglu = dict(out=None, epilogue="swiglu_backward", engine="sm90",
-                  swiglu=SwigluBackward(gate=inputs.gate, up=inputs.up, dg=ws.d_gu, du=d_up,
-                                        ld_grad=2 * I, contract_rounding=True))
+                  swiglu=SwigluBackward(gate=inputs.gate, up=inputs.up, dg=acts.at(ws.acts, acts.dg),
+                                        du=acts.at(ws.acts, acts.du), ld_grad=acts.ld,
+                                        contract_rounding=True))
     if plan.act_splits > 1 and plan.split_cluster:  # the pieces summed in the GEMM, then SwiGLU
         return dict(common, k_splits=plan.act_splits, **swiglu)
     if plan.act_splits > 1:
@@ -300,31 +363,42 @@ def _finish_d_act(inputs: _Inputs, ws: _Workspace, plan: _Plan, cancel) -> None:
     gate, up = inputs.gate, inputs.up
     T, I = gate.shape
     n = T * I
+    acts = _Acts(T, I, inputs.wr.shape[0])
+    d_gate_up = [ptr(acts.at(ws.acts, acts.dg)), i32(I), i64(n), i64(acts.ld), ptr(cancel)]
     mod = _build.load_module("sol080.cu")
     if plan.act_splits > 1 and plan.split_cluster:
         return  # summed and turned into [d_gate | d_up] by the GEMM
     if plan.act_splits > 1:
         _launch.launch(mod, "sol080_swiglu_backward_pieces", (grid_stride_blocks(n),), (256,),
-                       [ptr(ws.act_pieces), i32(plan.act_splits), ptr(gate), ptr(up), ptr(ws.d_gu),
-                        i32(I), i64(n), ptr(cancel)])
+                       [ptr(ws.act_pieces), i32(plan.act_splits), ptr(gate), ptr(up)] + d_gate_up)
     elif not plan.act_fused:
         _launch.launch(mod, "sol080_swiglu_backward", (grid_stride_blocks(n),), (256,),
-                       [ptr(ws.d_act), ptr(gate), ptr(up), ptr(ws.d_gu), i32(I), i64(n), ptr(cancel)])
+                       [ptr(ws.d_act), ptr(gate), ptr(up)] + d_gate_up)
 
 
 _ROUTER_WARPS = 8  # kRouterWarps in sol080.cu: tokens per block
 
 
-def _router_kernel(inputs: _Inputs, ws: _Workspace, check_args) -> None:
-    """bf16(grl) and its remainder (steps 7-10), and the top-k index check (check_args: its
-    scratch and report, validate.topk_check_in_kernel; None when there are no rows)."""
+def _grl_at(inputs: _Inputs, ws: _Workspace, plan: _Plan):
+    """Where the router kernel writes hi and lo: (row 0's hi, elements per row, lo's offset)."""
+    T, I, E = inputs.g.shape[0], inputs.gate.shape[1], inputs.wr.shape[0]
+    if plan.wgrad_fused:
+        acts = _Acts(T, I, E)
+        return ws.acts, acts.ld, acts.lo  # hi at column 0
+    return ws.grl, 2 * E, E
+
+
+def _router_kernel(inputs: _Inputs, hi, ld: int, lo_offset: int, check_args) -> None:
+    """bf16(grl) and its remainder (steps 7-10): hi(t) at hi + t * ld, lo(t) lo_offset past it;
+    and the top-k index check (check_args: its scratch and report,
+    validate.topk_check_in_kernel; None when there are no rows)."""
     a = inputs
     T, H = a.g.shape
     E, K = a.wr.shape[0], a.idx.shape[1]
     _launch.launch(_build.load_module("sol080.cu"), "sol080_router", (cdiv(T, _ROUTER_WARPS),),
                    (32 * _ROUTER_WARPS,),
                    [ptr(a.g), ptr(a.tw), ptr(a.idx), ptr(a.mask), ptr(a.scores), i32(T), i32(H),
-                    i32(E), i32(K), ptr(ws.grl)] + (check_args or [ptr(None), ptr(None)]))
+                    i32(E), i32(K), ptr(hi), i64(ld), i32(lo_offset)] + (check_args or [ptr(None), ptr(None)]))
 
 
 def _grad_wd_gemm(inputs: _Inputs, grad_wd) -> dict:
@@ -336,12 +410,18 @@ def _grad_wd_gemm(inputs: _Inputs, grad_wd) -> dict:
                 out=grad_wd, ldc=I)
 
 
-def _grad_wgu_gemm(inputs: _Inputs, grad_wgu, ws: _Workspace) -> dict:
-    """[grad_Wg; grad_Wu] = [d_gate | d_up]^T x (step 5) as one GEMM."""
+def _grad_wgu_gemm(inputs: _Inputs, grad_wgu, grad_router, ws: _Workspace, plan: _Plan) -> dict:
+    """[grad_Wg; grad_Wu] = [d_gate | d_up]^T x (step 5) as one GEMM; with plan.wgrad_fused the
+    router weight gradient (step 11) as its first E rows, in fp32: [hi | d_gate | d_up]^T x over
+    all rows plus lo^T x over the router's (module doc)."""
     x = inputs.x
     T, H = x.shape
-    return dict(m=grad_wgu.shape[0], n=H, segments=[Segment(ws.d_gu, grad_wgu.shape[0], x, H, k=T)],
-                a_kmajor=False, b_kmajor=False, out=grad_wgu, ldc=H)
+    acts = _Acts(T, inputs.gate.shape[1], inputs.wr.shape[0])
+    common = dict(n=H, a_kmajor=False, b_kmajor=False, out=grad_wgu, ldc=H)
+    if plan.wgrad_fused:
+        return dict(common, m=acts.E + grad_wgu.shape[0], segments=acts.wgrad_segments(ws.acts, x, H, T),
+                    f32_head=(grad_router, H, acts.E))
+    return dict(common, m=grad_wgu.shape[0], segments=[Segment(acts.at(ws.acts, acts.dg), acts.ld, x, H, k=T)])
 
 
 def _dgrad_gemm(inputs: _Inputs, grad_h, ws: _Workspace, plan: _Plan) -> dict:
@@ -350,9 +430,11 @@ def _dgrad_gemm(inputs: _Inputs, grad_h, ws: _Workspace, plan: _Plan) -> dict:
     wr, wg, wu = inputs.wr, inputs.wg, inputs.wu
     T, H = grad_h.shape
     I, E = inputs.gate.shape[1], wr.shape[0]
-    d_up = ws.d_gu.data.ptr + 2 * I  # bytes: I bf16 into each row
-    common = dict(m=T, n=H, segments=[Segment(d_up, 2 * I, wu, H, k=I), Segment(ws.d_gu, 2 * I, wg, H, k=I),
-                                      Segment(ws.grl, 2 * E, wr, H, k=E)], a_kmajor=True, b_kmajor=False, ldc=H)
+    acts = _Acts(T, I, E)
+    hi, hi_ld, _ = _grl_at(inputs, ws, plan)
+    common = dict(m=T, n=H, segments=[Segment(acts.at(ws.acts, acts.du), acts.ld, wu, H, k=I),
+                                      Segment(acts.at(ws.acts, acts.dg), acts.ld, wg, H, k=I),
+                                      Segment(hi, hi_ld, wr, H, k=E)], a_kmajor=True, b_kmajor=False, ldc=H)
     if plan.dgrad_splits == 1 or plan.split_cluster:  # split: the pieces summed in the GEMM
         return dict(common, out=grad_h, k_splits=plan.dgrad_splits)
     return dict(common, out=ws.dgrad_pieces, epilogue="f32", k_splits=plan.dgrad_splits,
