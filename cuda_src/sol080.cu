@@ -134,7 +134,6 @@ extern "C" __global__ void sum_pieces_bf16(const float* __restrict__ pieces_, in
 // not depend on q (the routing row, the first 128 experts' scores and mask) is issued with the
 // grad_output row's, and with K <= 32 the routing row stays in the lanes'
 // registers (shuffles, no reloads).
-// 64 registers (4 blocks of 8 warps per SM): at ptxas's default 40 the row's pointers spill.
 constexpr int kRouterWarps = 8;
 constexpr int kRouterPrefetch = 4;  // experts per lane whose scores and mask load up front (E <= 128)
 
@@ -175,15 +174,19 @@ __device__ __forceinline__ float row_sum_squares(const bf16_t* __restrict__ row,
   return sq;
 }
 
-// The k-th routing slot's expert and weight: from the lanes' registers when K <= 32.
+// The k-th routing slot's expert and weight: from the lanes' registers when K <= 32. An index
+// outside [0, E) reads as -1, which matches no expert (the check rejects the call anyway): 32-bit
+// experts, one shuffle each.
+__device__ __forceinline__ int expert_or_none(i64 e, int E) { return e >= 0 && e < E ? (int)e : -1; }
+
 struct RoutingRow {
   const i64* idx;
   const float* w;
-  int K;
-  i64 lane_e;
+  int K, E;
+  int lane_e;
   float lane_w;
-  __device__ __forceinline__ i64 expert(int k) const {
-    return K <= 32 ? __shfl_sync(0xffffffffu, lane_e, k) : idx[k];
+  __device__ __forceinline__ int expert(int k) const {
+    return K <= 32 ? __shfl_sync(0xffffffffu, lane_e, k) : expert_or_none(idx[k], E);
   }
   __device__ __forceinline__ float weight(int k) const {
     return K <= 32 ? __shfl_sync(0xffffffffu, lane_w, k) : w[k];
@@ -196,11 +199,11 @@ __device__ __forceinline__ void write_grl(float grl, i64 at, bf16_t* __restrict_
   lo[at] = f32_to_bf16(grl - bf16_to_f32(h));
 }
 
-extern "C" __global__ void __launch_bounds__(kRouterWarps * 32, 4)
+extern "C" __global__ void __launch_bounds__(kRouterWarps * 32)
 sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ topk_w,
               const i64* __restrict__ topk_idx, const float* __restrict__ mask,
               const float* __restrict__ scores, int T, int H, int E, int K,
-              bf16_t* __restrict__ hi_rows, i64 ld, int lo_offset, int* __restrict__ check_scratch,
+              bf16_t* __restrict__ hi_rows, int ld, int lo_offset, int* __restrict__ check_scratch,
               volatile int* check_report) {
   wait_prior_grids();
   __shared__ int first_bad[2];
@@ -210,9 +213,11 @@ sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ top
   const int t = blockIdx.x * kRouterWarps + threadIdx.x / 32;
   if (t < T) {  // the whole warp: t is the warp's
     const i64 at0 = (i64)t * E;  // row t of scores and mask
-    RoutingRow r{topk_idx + (i64)t * K, topk_w + (i64)t * K, K, -1, 0.f};
+    bf16_t* const hi = hi_rows + (i64)t * ld;
+    bf16_t* const lo = hi + lo_offset;
+    RoutingRow r{topk_idx + (i64)t * K, topk_w + (i64)t * K, K, E, -1, 0.f};
     if (K <= 32 && lane < K) {
-      r.lane_e = r.idx[lane];
+      r.lane_e = expert_or_none(r.idx[lane], E);
       r.lane_w = r.w[lane];
     }
     float s_pre[kRouterPrefetch], m_pre[kRouterPrefetch];
@@ -240,8 +245,6 @@ sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ top
     float sum = 0.f;
     for (int k = 0; k < K; ++k) sum += q * r.weight(k) / S;
     const float c = (q - sum) / S;
-    bf16_t* const hi = hi_rows + (i64)t * ld;
-    bf16_t* const lo = hi + lo_offset;
     #pragma unroll
     for (int j = 0; j < kRouterPrefetch; ++j) {
       const int e = lane + 32 * j;

@@ -303,3 +303,17 @@ def test_each_prepared_launch_claims_tiles_with_its_own_counters(host, monkeypat
            b_kmajor=False, out=out, ldc=4096, epilogue="bf16", k_splits=5)
     assert launches[-1][-1] == 5  # a cluster launch
     assert G.GemmSm90Params.from_buffer_copy(launches[-1][4]).base.tile_counter is None
+
+
+@pytest.mark.parametrize("tiles,ctas,heavy,rotation", [
+    (368, 132, 16, 264),   # SOL-080's fused weight gradient: heavy tiles at positions 104 .. 119
+    (368, 132, 0, 0),      # nothing heavy
+    (264, 132, 16, 0),     # whole rounds: nowhere better to put them
+    (368, 132, 29, 0),     # more heavy tiles than CTAs with one tile fewer (28)
+    (115, 115, 5, 0)])     # one round
+def test_heavy_tiles_rotation(tiles, ctas, heavy, rotation):
+    assert G._heavy_tiles_rotation(tiles, ctas, heavy) == rotation
+    if rotation:
+        r = tiles % ctas
+        positions = [(u - rotation) % tiles for u in range(heavy)]  # where tile u lands
+        assert all(r <= p < ctas for p in positions)  # first round, CTAs with one tile fewer

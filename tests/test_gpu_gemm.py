@@ -398,13 +398,14 @@ def test_dynamic_tile_claims_give_the_same_bits(case, monkeypatch):
     assert int(cp.count_nonzero(counters)) == 0  # every launch left its pair zeroed
 
 
-@pytest.mark.parametrize("head,rows,n,k", [(128, 2816 + 128, 520, 333), (40, 304, 264, 200), (8, 16, 72, 1)])
+@pytest.mark.parametrize("head,rows,n,k", [(128, 2816 + 128, 4096, 333), (40, 304, 264, 200), (8, 16, 72, 1)])
 def test_f32_head_and_a_segment_of_the_first_rows(head, rows, n, k):
     """gemm(f32_head) with a Segment(m=head): [A0 (all rows); A1 (the first head rows)] reduced
     with B, rows [0, head) as fp32 into one array and the rest as bf16 into another (SOL-080's
     router weight gradient above [grad_Wg; grad_Wu]). head = 128: the split on a tile edge (TMA
-    stores for the bf16 tiles); 40 and 8: a tile that straddles it, stored from registers, and a
-    second segment whose A ends inside a tile (zeros past it)."""
+    stores for the bf16 tiles), and 368 tiles of 128 x 256 on 132 SMs, so the order is rotated
+    to put the 16 heavy tiles on CTAs with one tile fewer; 40 and 8: a tile that straddles it,
+    stored from registers, and a second segment whose A ends inside a tile (zeros past it)."""
     import cupy as cp
     from cupy_moe.gpu.gemm import Segment, gemm
 

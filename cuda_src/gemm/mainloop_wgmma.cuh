@@ -78,7 +78,9 @@ struct Plan {
   static constexpr int FEED_READERS = CONSUMER_WARPGROUPS * 4 + E_WARPS + (CPA ? 4 : 0);
   // Register split: the producer needs few, each consumer thread holds BN / 2 accumulators.
   // (With the epilogue warpgroup, 512 threads share the file evenly: 128 each, no reallocation.)
-  static constexpr int PRODUCER_REGS = 56, CONSUMER_REGS = 224;
+  // A cp.async producer's 128 threads also read the tile feed: 64 (the register file's last
+  // 1024 registers, which a 384-thread CTA at 168 each leaves unallocated).
+  static constexpr int PRODUCER_REGS = CPA ? 64 : 56, CONSUMER_REGS = 224;
   static_assert(Cfg::BN == 64 || Cfg::BN == 128 || Cfg::BN == 256, "BN");
   static_assert(!PINGPONG || Cfg::BN <= 128, "a ping-pong warpgroup holds 128 x BN accumulators");
   static_assert(MAX_SEGMENTS >= 1, "segments");

@@ -56,6 +56,10 @@ struct TileScheduler {
   }
 
   __device__ Tile tile(int t) const {
+    // Ungrouped: the order can start at tile_rotation instead of 0, so that the first tiles (the
+    // costly ones of a segment that reaches only the first rows, Segment.m) fall to the CTAs of
+    // the persistent grid that take one tile fewer (cupy_moe/gpu/gemm.py).
+    if (GROUPING == kNone && p.tile_rotation) t = (t + p.tile_rotation) % total;
     Tile c;
     c.n0 = (t % tiles_n) * BN;
     int mt = t / tiles_n;

@@ -9,9 +9,11 @@
 // computed whole by one CTA in the same order of operations, so which CTA takes it does not move
 // a bit of the result: deterministic.
 //
-// The producer's thread 0 writes each tile index into a small ring in shared memory; the readers
-// (consumer warps, epilogue warps, a cp.async producer's warps) wait on its full barrier, read,
-// and hand the slot back. The last entry is an index >= the tile count: everyone stops there.
+// Dynamic, the producer's thread 0 writes each tile index into a small ring in shared memory; the
+// readers (consumer warps, epilogue warps, a cp.async producer's warps) wait on its full barrier,
+// read, and hand the slot back. The last entry is an index >= the tile count: everyone stops
+// there. Static, every warp computes its entries itself and the ring is not touched (the same
+// instructions as before the feed existed: a static launch measured no slower for it).
 // Counter reset: counter[1] counts the CTAs whose producer is done claiming; the last of them
 // zeroes both words, so the next launch on the stream (stream order, and every kernel waits for
 // the grid before it: wait_prior_grids) finds them zero: no memset per launch. Two launches that
@@ -46,6 +48,7 @@ struct TileFeed {
 
   // The producer's thread 0: tile t is the CTA's entry i.
   __device__ void publish(int i, int t) const {
+    if (!counter) return;  // static: every reader knows it
     const int s = i % SLOTS;
     mbar_wait(&empty[s], ((i / SLOTS) & 1) ^ 1);
     slot[s] = t;
@@ -54,6 +57,7 @@ struct TileFeed {
 
   // A reader warp, all lanes: entry i. Lane 0 hands the slot back once every lane has read it.
   __device__ int read(int i, int lane) const {
+    if (!counter) return (int)blockIdx.x + i * (int)gridDim.x;
     const int s = i % SLOTS;
     mbar_wait(&full[s], (i / SLOTS) & 1);
     const int t = slot[s];

@@ -398,7 +398,7 @@ def _router_kernel(inputs: _Inputs, hi, ld: int, lo_offset: int, check_args) -> 
     _launch.launch(_build.load_module("sol080.cu"), "sol080_router", (cdiv(T, _ROUTER_WARPS),),
                    (32 * _ROUTER_WARPS,),
                    [ptr(a.g), ptr(a.tw), ptr(a.idx), ptr(a.mask), ptr(a.scores), i32(T), i32(H),
-                    i32(E), i32(K), ptr(hi), i64(ld), i32(lo_offset)] + (check_args or [ptr(None), ptr(None)]))
+                    i32(E), i32(K), ptr(hi), i32(ld), i32(lo_offset)] + (check_args or [ptr(None), ptr(None)]))
 
 
 def _grad_wd_gemm(inputs: _Inputs, grad_wd) -> dict:
