@@ -11,7 +11,7 @@ out=${OUT:-/tmp}
 {
   echo "== GPU tests"
   timeout 280 python3 -m pytest -q -p no:cacheprovider -m "gpu or slow" tests/test_gpu_gemm.py \
-    -k "f32_head or dynamic or more_tiles or segments or even_rounds" > "$out/t_gemm.txt" 2>&1 &
+    > "$out/t_gemm.txt" 2>&1 &
   timeout 280 python3 -m pytest -q -p no:cacheprovider -m "gpu or slow" tests/test_gpu_layer.py \
     > "$out/t_layer.txt" 2>&1 &
   timeout 280 python3 -m pytest -q -p no:cacheprovider -m "gpu or slow" tests/test_gpu_sol080.py \
