@@ -74,13 +74,14 @@ struct Plan {
   // Lane 0 of each warp that reads a stage: both consumer warpgroups', or its owner's.
   static constexpr int EMPTY_ARRIVALS = (PINGPONG ? 1 : CONSUMER_WARPGROUPS) * 4;
   // Warps that read every tile index from the feed: the consumers (both warpgroups, ping-pong
-  // too: the other's tiles pass by), the epilogue warps, a cp.async producer's four.
-  static constexpr int FEED_READERS = CONSUMER_WARPGROUPS * 4 + E_WARPS + (CPA ? 4 : 0);
+  // too: the other's tiles pass by) and the epilogue warps. (A cp.async producer's threads get
+  // thread 0's through TileFeed::to_producer.)
+  static constexpr int FEED_READERS = CONSUMER_WARPGROUPS * 4 + E_WARPS;
   // Register split: the producer needs few, each consumer thread holds BN / 2 accumulators.
   // (With the epilogue warpgroup, 512 threads share the file evenly: 128 each, no reallocation.)
-  // A cp.async producer's 128 threads also read the tile feed: 64 (the register file's last
-  // 1024 registers, which a 384-thread CTA at 168 each leaves unallocated).
-  static constexpr int PRODUCER_REGS = CPA ? 64 : 56, CONSUMER_REGS = 224;
+  // (The CTA's registers are fixed at launch, 168 x 384: what the producer gives back, 112 x 128,
+  // is exactly what the consumers take, 56 x 256. A producer at 64 leaves them waiting forever.)
+  static constexpr int PRODUCER_REGS = 56, CONSUMER_REGS = 224;
   static_assert(Cfg::BN == 64 || Cfg::BN == 128 || Cfg::BN == 256, "BN");
   static_assert(!PINGPONG || Cfg::BN <= 128, "a ping-pong warpgroup holds 128 x BN accumulators");
   static_assert(MAX_SEGMENTS >= 1, "segments");
@@ -175,7 +176,7 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const Schedule
   int claimed = tid == 0 ? feed.first() : 0;
   for (int i = 0;; ++i) {
     if (tid == 0) feed.publish(i, claimed);
-    const int t = L::CPA ? feed.read(i, tid % 32) : claimed;
+    const int t = L::CPA ? feed.to_producer(claimed, tid) : claimed;
     if (t >= sched.total) break;
     const Tile tc = sched.tile(t);
     const int grp = Cfg::GROUPING == kMGrouped ? tc.group : 0;

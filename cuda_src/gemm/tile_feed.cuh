@@ -26,14 +26,16 @@ namespace gemm {
 
 struct TileFeed {
   static constexpr int SLOTS = 4;  // the producer may run this many tiles ahead of the slowest reader
-  static constexpr int BYTES = SLOTS * (4 + 8 + 8);
+  static constexpr int BYTES = SLOTS * (4 + 8 + 8) + 16;
   volatile int* slot;
   u64* full;
   u64* empty;
+  volatile int* producer_tile;  // thread 0's claim, for a cp.async producer's other threads
   int* counter;
 
   __device__ TileFeed(u8* at, int* tile_counter)
-      : slot((volatile int*)at), full((u64*)(at + 4 * SLOTS)), empty(full + SLOTS), counter(tile_counter) {}
+      : slot((volatile int*)at), full((u64*)(at + 4 * SLOTS)), empty(full + SLOTS),
+        producer_tile((volatile int*)(empty + SLOTS)), counter(tile_counter) {}
 
   __device__ void init(int readers) const {  // one thread, before the CTA's first barrier
     for (int s = 0; s < SLOTS; ++s) {
@@ -65,6 +67,17 @@ struct TileFeed {
     if (lane == 0) mbar_arrive(&empty[s]);
     return t;
   }
+
+  // A cp.async producer warpgroup (all 128 threads): thread 0's tile t, to every thread. Few
+  // registers: the producer runs on 56.
+  __device__ int to_producer(int t, int tid) const {
+    if (tid == 0) *producer_tile = t;
+    named_barrier(PRODUCER_BARRIER, 128);
+    t = *producer_tile;
+    named_barrier(PRODUCER_BARRIER, 128);  // all have read it before thread 0 writes the next
+    return t;
+  }
+  static constexpr int PRODUCER_BARRIER = 8;  // (1 .. 6: the main loop's own)
 
   // The producer's thread 0, after publishing its last entry (an index past the tiles).
   __device__ void done() const {

@@ -188,7 +188,7 @@ class Sm90Config:
         stage = (self.BM + self.BN) * self.BK * 2
         staging = (2 if self.PINGPONG else 1) * self.BM * self.BN * 2 if self.C_TMA else 0
         epilogue = self.BM * self.BN * 4 + 16 if self.E_STAGED else 0
-        feed = 4 * (4 + 8 + 8)  # TileFeed: 4 slots, their full and empty barriers
+        feed = 4 * (4 + 8 + 8) + 16  # TileFeed: 4 slots, their full and empty barriers, 1 int
         return 1024 + self.STAGES * (stage + 16) + staging + epilogue + 16 + feed + 4 * (num_groups + 1)
 
     @classmethod
