@@ -68,7 +68,7 @@ struct Plan {
   static constexpr int TURNS = BARRIERS + 2 * Cfg::STAGES * 8;     // ping-pong: whose MMAs next
   static constexpr int EPI_BARRIERS = TURNS + 2 * 8;                // da' staged, buffer free
   static constexpr int FEED = EPI_BARRIERS + (E_STAGED ? 2 * 8 : 0);      // TileFeed
-  static constexpr int SCHEDULE = FEED + TileFeed::BYTES;                 // TileScheduler::tile_start
+  static constexpr int SCHEDULE = FEED + TileFeed<true>::BYTES;           // TileScheduler::tile_start
   static constexpr int FULL_ARRIVALS = 1 + (CPA ? PRODUCER_THREADS : 0);
   static constexpr int CPA_LAG = Cfg::STAGES - 2;  // cp.async stages in flight past the newest
   // Lane 0 of each warp that reads a stage: both consumer warpgroups', or its owner's.
@@ -101,6 +101,7 @@ struct Plan {
                 "cluster split-K: cooperative 128 x 128 tiles, register epilogues");
   // ROW_SPLIT: rows [0, c2_rows) of the result leave as fp32 to c2, the rest as bf16 to c (from
   // its row 0); tiles that reach into the fp32 rows store from registers.
+  static_assert(!Cfg::DYNAMIC || !Cfg::SPLIT_CLUSTER, "a cluster's CTAs take their rank's tile");
   static_assert(!Cfg::ROW_SPLIT || (Cfg::EPILOGUE == kStoreBf16 && Cfg::GROUPING == kNone && !Cfg::SPLIT_K),
                 "row split: a bf16 result of an ungrouped, unsplit GEMM");
   static_assert(Cfg::GROUPING != kKGrouped || (!Cfg::A_KMAJOR && !Cfg::B_KMAJOR),
@@ -113,7 +114,9 @@ struct Plan {
 };
 
 template <class Cfg>
-using Scheduler = TileScheduler<BM, Cfg::BN, Cfg::GROUPING, Cfg::SPLIT_K, Cfg::SPLIT_CLUSTER>;
+using Scheduler = TileScheduler<BM, Cfg::BN, Cfg::GROUPING, Cfg::SPLIT_K, Cfg::SPLIT_CLUSTER, BK, Cfg::SEG_ROWS>;
+template <class Cfg>
+using Feed = TileFeed<Cfg::DYNAMIC>;
 
 // cp.async copy of memory lines [line0, line0 + LINES) x columns [col0, col0 + WIDTH) into the
 // swizzled layout (K-major: LINES rows of WIDTH = 64; MN-major: LINES = 64 k rows of WIDTH
@@ -166,7 +169,7 @@ __device__ __forceinline__ void tma_tile(u8* tile, const TmaDesc* map, u64* bar,
 // once the current one's loads are issued (its latency hides behind the stages in flight).
 template <class Cfg>
 __device__ __forceinline__ void producer(const GemmSm90Params& P, const Scheduler<Cfg>& sched,
-                                         const TileFeed& feed, u8* smem, u64* full, u64* empty, int tid) {
+                                         const Feed<Cfg>& feed, u8* smem, u64* full, u64* empty, int tid) {
   using L = Plan<Cfg>;
   constexpr int BN = Cfg::BN;
   const GemmParams& p = P.base;
@@ -486,7 +489,7 @@ struct EpilogueRows {
 
 template <class Cfg>
 __device__ __forceinline__ void swiglu_epilogue_warps(const GemmSm90Params& P,
-                                                      const Scheduler<Cfg>& sched, const TileFeed& feed,
+                                                      const Scheduler<Cfg>& sched, const Feed<Cfg>& feed,
                                                       const u8* dacc, u64* epi_bar, int ew, int lane) {
   using L = Plan<Cfg>;
   using Rows = EpilogueRows<Cfg>;
@@ -645,7 +648,7 @@ __device__ __forceinline__ void store_tile_tma(const GemmSm90Params& P, const Ti
 // warpgroup has issued its previous tile's MMAs).
 template <class Cfg>
 __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Scheduler<Cfg>& sched,
-                                         const TileFeed& feed, u8* smem, u64* full, u64* empty, u64* turn,
+                                         const Feed<Cfg>& feed, u8* smem, u64* full, u64* empty, u64* turn,
                                          u64* epi_bar, int wg, int tid) {
   using L = Plan<Cfg>;
   constexpr int BN = Cfg::BN, HV = L::HALVES;
@@ -766,7 +769,7 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
   u64* epi_bar = (u64*)(smem + L::EPI_BARRIERS);  // [0] da' staged, [1] buffer free
   int* tile_start = (int*)(smem + L::SCHEDULE);
   // The cluster split-K's CTAs take one tile each, their rank's: always the static order.
-  const TileFeed feed(smem + L::FEED, Cfg::SPLIT_CLUSTER ? nullptr : P.base.tile_counter);
+  const Feed<Cfg> feed(smem + L::FEED, P.base.tile_counter);
   const int tid = threadIdx.x;
   if (tid == 0) {
     for (int s = 0; s < Cfg::STAGES; ++s) {

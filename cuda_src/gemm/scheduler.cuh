@@ -24,7 +24,8 @@ struct Tile {
   int k_lo, k_hi;   // K-grouped: the group's reduction lines; split-K: the piece's k-tiles
 };
 
-template <int BM, int BN, int GROUPING, bool SPLIT, bool PIECES_INNER = false, int BK = 64>
+// SEG_ROWS: segments may have rows of their own (GemmParams.seg_m), and the order may be rotated.
+template <int BM, int BN, int GROUPING, bool SPLIT, bool PIECES_INNER = false, int BK = 64, bool SEG_ROWS = false>
 struct TileScheduler {
   static_assert(!SPLIT || GROUPING == kNone, "split-K pieces of ungrouped GEMMs only");
   static_assert(!PIECES_INNER || SPLIT || GROUPING == kKGrouped, "pieces innermost: split-K or K-grouped");
@@ -59,7 +60,8 @@ struct TileScheduler {
     // Ungrouped: the order can start at tile_rotation instead of 0, so that the first tiles (the
     // costly ones of a segment that reaches only the first rows, Segment.m) fall to the CTAs of
     // the persistent grid that take one tile fewer (cupy_moe/gpu/gemm.py).
-    if (GROUPING == kNone && p.tile_rotation) t = (t + p.tile_rotation) % total;
+    if constexpr (SEG_ROWS && GROUPING == kNone)
+      if (p.tile_rotation) t = (t + p.tile_rotation) % total;
     Tile c;
     c.n0 = (t % tiles_n) * BN;
     int mt = t / tiles_n;
@@ -114,7 +116,7 @@ struct TileScheduler {
 
   // Whether segment s reaches the tile's rows (a segment whose A has only seg_m[s] rows, the rest
   // zeros, adds nothing to the rows past them: its loads and MMAs are skipped there).
-  __device__ bool in_segment(const Tile& c, int s) const { return p.seg_m[s] == 0 || c.m0 < p.seg_m[s]; }
+  __device__ bool in_segment(const Tile& c, int s) const { return !SEG_ROWS || p.seg_m[s] == 0 || c.m0 < p.seg_m[s]; }
 
   // Reduction tiles of a tile: every segment's k range in BK steps (split-K: its piece's).
   __device__ int k_tiles(const Tile& c) const {

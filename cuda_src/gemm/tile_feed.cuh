@@ -1,6 +1,8 @@
 // Which tiles a persistent CTA computes, handed from its producer to every warp that walks them.
 //
-// Static (counter == nullptr): tiles blockIdx.x, blockIdx.x + gridDim.x, ... as before.
+// Static (DYNAMIC false, Sm90Config.DYNAMIC): tiles blockIdx.x, blockIdx.x + gridDim.x, ...; the
+// feed compiles to nothing (its ring in a static kernel cost SOL-080 ~8 us through the larger
+// code of every warp's loop, bench/NOTES.md v0.10).
 // Dynamic (a counter pair in global memory, GemmParams.tile_counter): the first tile is
 // blockIdx.x, every later one is claimed with one atomicAdd when the CTA's producer has issued
 // the loads of its current tile. A CTA that starts late (its SM was held by a kernel on another
@@ -12,8 +14,7 @@
 // Dynamic, the producer's thread 0 writes each tile index into a small ring in shared memory; the
 // readers (consumer warps, epilogue warps, a cp.async producer's warps) wait on its full barrier,
 // read, and hand the slot back. The last entry is an index >= the tile count: everyone stops
-// there. Static, every warp computes its entries itself and the ring is not touched (the same
-// instructions as before the feed existed: a static launch measured no slower for it).
+// there.
 // Counter reset: counter[1] counts the CTAs whose producer is done claiming; the last of them
 // zeroes both words, so the next launch on the stream (stream order, and every kernel waits for
 // the grid before it: wait_prior_grids) finds them zero: no memset per launch. Two launches that
@@ -24,6 +25,7 @@
 
 namespace gemm {
 
+template <bool DYNAMIC>
 struct TileFeed {
   static constexpr int SLOTS = 4;  // the producer may run this many tiles ahead of the slowest reader
   static constexpr int BYTES = SLOTS * (4 + 8 + 8) + 16;
@@ -38,6 +40,7 @@ struct TileFeed {
         producer_tile((volatile int*)(empty + SLOTS)), counter(tile_counter) {}
 
   __device__ void init(int readers) const {  // one thread, before the CTA's first barrier
+    if constexpr (!DYNAMIC) return;
     for (int s = 0; s < SLOTS; ++s) {
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], readers);
@@ -46,11 +49,14 @@ struct TileFeed {
 
   // The producer's thread 0: the CTA's first tile, and the one after tile t.
   __device__ int first() const { return blockIdx.x; }
-  __device__ int after(int t) const { return counter ? (int)gridDim.x + atomicAdd(counter, 1) : t + (int)gridDim.x; }
+  __device__ int after(int t) const {
+    if constexpr (DYNAMIC) return (int)gridDim.x + atomicAdd(counter, 1);
+    return t + (int)gridDim.x;
+  }
 
   // The producer's thread 0: tile t is the CTA's entry i.
   __device__ void publish(int i, int t) const {
-    if (!counter) return;  // static: every reader knows it
+    if constexpr (!DYNAMIC) return;  // static: every reader knows it
     const int s = i % SLOTS;
     mbar_wait(&empty[s], ((i / SLOTS) & 1) ^ 1);
     slot[s] = t;
@@ -59,7 +65,7 @@ struct TileFeed {
 
   // A reader warp, all lanes: entry i. Lane 0 hands the slot back once every lane has read it.
   __device__ int read(int i, int lane) const {
-    if (!counter) return (int)blockIdx.x + i * (int)gridDim.x;
+    if constexpr (!DYNAMIC) return (int)blockIdx.x + i * (int)gridDim.x;
     const int s = i % SLOTS;
     mbar_wait(&full[s], (i / SLOTS) & 1);
     const int t = slot[s];
@@ -71,6 +77,7 @@ struct TileFeed {
   // A cp.async producer warpgroup (all 128 threads): thread 0's tile t, to every thread. Few
   // registers: the producer runs on 56.
   __device__ int to_producer(int t, int tid) const {
+    if constexpr (!DYNAMIC) return t;  // every thread walks the static order itself
     if (tid == 0) *producer_tile = t;
     named_barrier(PRODUCER_BARRIER, 128);
     t = *producer_tile;
@@ -81,7 +88,7 @@ struct TileFeed {
 
   // The producer's thread 0, after publishing its last entry (an index past the tiles).
   __device__ void done() const {
-    if (!counter) return;
+    if constexpr (!DYNAMIC) return;
     __threadfence();  // this CTA's claims are performed before it counts itself done
     if (atomicAdd(counter + 1, 1) == (int)gridDim.x - 1) {
       counter[0] = 0;  // every CTA has made its last claim

@@ -174,6 +174,8 @@ class Sm90Config:
     PACKED_CONTRACT: bool = True  # SOL-080's SwiGLU contract with bf16x2 products (same bits;
     # False: element by element, the A/B path through CONFIG_OVERRIDE)
     ROW_SPLIT: bool = False  # the result's first rows as fp32 elsewhere (gemm(f32_head))
+    SEG_ROWS: bool = False  # segments with rows of their own (Segment.m), a rotated tile order
+    DYNAMIC: bool = False  # tiles claimed as the CTAs go (DYNAMIC_TILES; GemmParams.tile_counter)
 
     BM = 128
     BK = 64
@@ -542,6 +544,8 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
     if cluster:
         pingpong = c_tma = False
     staged = not pingpong and not cluster and _epilogue_staged(p, n, flags)
+    claims = not cluster and (DYNAMIC_TILES == "all" or DYNAMIC_TILES == "grouped" and grouping != "none")
+    flags = dict(flags, DYNAMIC=claims, SEG_ROWS=any(s.m for s in segments))
     cfg = Sm90Config.choose(m_tiles * k_splits, n, sms, num_groups if grouping == "m" else 0,
                             pingpong, wide=wide and not staged and not cluster, C_TMA=c_tma,
                             E_STAGED=staged, SPLIT_K=k_splits > 1, SPLIT_CLUSTER=cluster, **flags)
@@ -549,9 +553,8 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
         cfg = dataclasses.replace(cfg, **CONFIG_OVERRIDE)
     P = GemmSm90Params()
     P.base = p
-    # A cluster's CTAs take one tile each, their rank's: no claims.
-    claims = DYNAMIC_TILES == "all" or DYNAMIC_TILES == "grouped" and grouping != "none"
-    P.base.tile_counter = _tile_counter() if claims and not cluster else 0
+    # (A cluster's CTAs take one tile each, their rank's: no claims.)
+    P.base.tile_counter = _tile_counter() if cfg.DYNAMIC else 0
     if c_tma:
         c_groups = num_groups if grouping == "k" else 1
         encode_bf16(P.tma_c, p.c, (n, c_rows, c_groups),
@@ -577,8 +580,8 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
     else:
         tiles = m_tiles * tiles_n * k_splits
     ctas = even_round_ctas(tiles, sms) if even_rounds else min(tiles, sms)
-    if grouping == "none" and not k_splits > 1 and not cluster:
-        heavy = cdiv(max(s.m for s in segments), cfg.BM) * tiles_n if any(s.m for s in segments) else 0
+    if cfg.SEG_ROWS and grouping == "none" and not cfg.DYNAMIC:
+        heavy = cdiv(max(s.m for s in segments), cfg.BM) * tiles_n
         P.base.tile_rotation = _heavy_tiles_rotation(tiles, ctas, heavy)
     module, smem = _sm90_module(cfg), cfg.smem_bytes(num_groups if grouping == "m" else 0)
     size = 1  # CTAs per cluster
@@ -704,19 +707,20 @@ def example_sm90_configs():
                 (True, False, False, False, 1, 0), (True, False, False, False, 1, 3),
                 (False, False, True, False, 2, 0), (False, False, False, True, 2, 0)):
             c_tma = epi == 0 and bn != 128  # both store paths at every grouping
+            dyn = grouping != 0  # DYNAMIC_TILES="grouped": the tile feed's ring
             out.append(Sm90Config(BN=bn, STAGES=stages - (c_tma and bn > 64), A_KMAJOR=a_k,
                                   B_KMAJOR=b_k, GATHER_A=gather_a, GATHER_B=gather_b,
-                                  GROUPING=grouping, EPILOGUE=epi, C_TMA=c_tma))
+                                  GROUPING=grouping, EPILOGUE=epi, C_TMA=c_tma, DYNAMIC=dyn))
             if epi == 3 and bn == 128:  # the staged SwiGLU epilogue
                 out.append(Sm90Config.choose(1, bn, 132, 128 if grouping == 1 else 0, False,
                                              A_KMAJOR=a_k, B_KMAJOR=b_k, GROUPING=grouping,
-                                             EPILOGUE=epi, E_STAGED=True))
+                                             EPILOGUE=epi, E_STAGED=True, DYNAMIC=dyn))
             if bn <= 128:
                 for c_tma in {epi == 0, False}:
                     out.append(Sm90Config.choose(
                         1, bn, 132, 128 if grouping == 1 else 0, True, A_KMAJOR=a_k,
                         B_KMAJOR=b_k, GATHER_A=gather_a, GATHER_B=gather_b, GROUPING=grouping,
-                        EPILOGUE=epi, C_TMA=c_tma))
+                        EPILOGUE=epi, C_TMA=c_tma, DYNAMIC=dyn))
     # Split-K pieces (SOL-080's d_act and dgrad at small T); last, so the configs above keep
     # their order for tools/cubin_code_hash.py --first.
     out.append(Sm90Config.choose(1, 1408, 132, 0, False, A_KMAJOR=True, B_KMAJOR=False,
@@ -730,5 +734,9 @@ def example_sm90_configs():
                                  GROUPING=2, EPILOGUE=1, SPLIT_CLUSTER=True))
     # SOL-080's router weight gradient as the fp32 first rows of grad_[Wg; Wu] (f32_head).
     out.append(Sm90Config.choose(24, 4096, 132, 0, False, A_KMAJOR=False, B_KMAJOR=False, C_TMA=True,
-                                 ROW_SPLIT=True))
+                                 ROW_SPLIT=True, SEG_ROWS=True))
+    # A dense GEMM with claims (DYNAMIC_TILES="all") and the staged SwiGLU epilogue with them.
+    out.append(Sm90Config.choose(64, 4096, 132, 0, False, C_TMA=True, DYNAMIC=True))
+    out.append(Sm90Config.choose(64, 1408, 132, 0, False, A_KMAJOR=True, B_KMAJOR=False, EPILOGUE=3,
+                                 E_STAGED=True, DYNAMIC=True))
     return out
