@@ -176,7 +176,7 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const Schedule
   if (!L::CPA && tid != 0) return;  // TMA needs one thread
   int stage = 0, issued = 0;
   u32 phase = 0;
-  int claimed = tid == 0 ? feed.first() : 0;
+  int claimed = feed.first();  // static, a cp.async producer's threads each walk the order
   for (int i = 0;; ++i) {
     if (tid == 0) feed.publish(i, claimed);
     const int t = L::CPA ? feed.to_producer(claimed, tid) : claimed;
@@ -222,7 +222,7 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const Schedule
         if (++stage == Cfg::STAGES) { stage = 0; phase ^= 1; }
       }
     }
-    if (tid == 0) claimed = feed.after(t);
+    if (tid == 0 || !Cfg::DYNAMIC) claimed = feed.after(t);  // (dynamic: thread 0 claims for all)
   }
   if (tid == 0) feed.done();
   if constexpr (L::CPA) {
