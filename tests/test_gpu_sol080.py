@@ -255,13 +255,18 @@ def test_router_kernel_writes_the_contracts_router_terms_bitwise(T, H, E, K):
 @pytest.mark.parametrize("knob,value,T,atol", [("FUSED_D_ACT", False, 997, 0.36),
                                                 ("FUSED_D_ACT", False, 2053, 0.23),
                                                 ("WIDE_D_ACT", True, 3072, 0.26),
-                                                ("WIDE_D_ACT", True, 6144, 0.25)])
+                                                ("WIDE_D_ACT", True, 6144, 0.25),
+                                                ("FUSED_WGRAD", "1", 192, 0.11),
+                                                ("FUSED_WGRAD", "1", 2053, 0.23),
+                                                ("FUSED_WGRAD", "0", 8192, 0.39)])
 def test_ab_d_act_paths_pass_like_the_fused_one(knob, value, T, atol, monkeypatch):
     """The A/B knobs' other d_act paths. CUPY_MOE_SOL080_FUSED_D_ACT=0: d_act as a plain GEMM,
     then the contract's SwiGLU backward as an elementwise kernel (16-byte accesses for
     I % 8 == 0). CUPY_MOE_SOL080_WIDE_D_ACT=1: where the fused d_act leaves the router no room,
     d_act as a plain 128 x 256 GEMM (its last column tile half past n = 1408) with the router
-    kernel beside it, then the elementwise SwiGLU backward."""
+    kernel beside it, then the elementwise SwiGLU backward. CUPY_MOE_SOL080_FUSED_WGRAD: the
+    router weight gradient inside the grad_[Wg; Wu] GEMM where "auto" keeps it separate (T <=
+    3200), and separate where "auto" fuses it (T = 8192)."""
     from cupy_moe.gpu import sol080 as gpu_sol080
 
     monkeypatch.setattr(gpu_sol080, knob, value)

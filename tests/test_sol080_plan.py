@@ -115,13 +115,16 @@ def test_every_router_wgrad_knob_reaches_the_plan(plan_of, monkeypatch):
 
 
 def test_router_wgrad_rides_in_the_weight_gradient_gemm(plan_of, monkeypatch):
-    """The router weight gradient runs as the first E rows of the grad_[Wg; Wu] GEMM at every
-    workload; the A/B knob turns it back into its own GEMM, and so does a workspace row the
-    Hopper loop cannot read (E = 6: [hi | d_gate | d_up | lo] puts lo 2828 bytes into a row of
-    5644, not on 16-byte boundaries)."""
+    """The router weight gradient runs as the first E rows of the grad_[Wg; Wu] GEMM where its own
+    GEMM would sum its pieces through global memory (T above router._CLUSTER_SUM_MAX_T: 3719,
+    4093, 6144, 8192), as its own GEMM below; the knob's "1" and "0" force either, and a workspace
+    row the Hopper loop cannot read keeps it separate (E = 6: [hi | d_gate | d_up | lo] puts lo
+    2828 bytes into a row of 5644, not on 16-byte boundaries)."""
     from cupy_moe.gpu import sol080
 
-    assert all(plan_of(T).wgrad_fused for T in (1, 192, 2053, 3072, 8192))
+    assert [plan_of(T).wgrad_fused for T in (1, 192, 2053, 3089, 3719, 8192)] == [False] * 4 + [True] * 2
+    monkeypatch.setattr(sol080, "FUSED_WGRAD", "1")
+    assert all(plan_of(T).wgrad_fused for T in (1, 192, 2053, 8192))
     assert not plan_of(2053, e=6).wgrad_fused
-    monkeypatch.setattr(sol080, "FUSED_WGRAD", False)
-    assert not plan_of(2053).wgrad_fused
+    monkeypatch.setattr(sol080, "FUSED_WGRAD", "0")
+    assert not any(plan_of(T).wgrad_fused for T in (2053, 8192))

@@ -17,13 +17,16 @@ weight gradients that reduce over the same x run as one GEMM: one workspace row 
 + [lo | 0]^T x, the second reduction only over the router's rows (gemm Segment.m), the router's
 rows leaving as fp32 (gemm f32_head). x is read once for all three, and the router's rows, a
 memory-bound GEMM of their own (35 us at T = 8192), become 128 more rows of a compute-bound one.
-(CUPY_MOE_SOL080_FUSED_WGRAD=0: the router wgrad as its own GEMM, router.weight_gradient, A/B.)
+It runs so above router._CLUSTER_SUM_MAX_T tokens, where the router wgrad on its own would sum
+its pieces through global memory with a kernel at the call's end (T = 8192: -14..-20 us); below,
+its own GEMM sums them in a cluster and measured as fast or faster (T = 1321: 10 us; bench/NOTES.md
+v0.10). CUPY_MOE_SOL080_FUSED_WGRAD = auto (that rule) | 1 (always) | 0 (never).
 
 The launches form a small DAG over two streams (fork/join by events, captured as graph branches):
     main: d_act GEMM (+ SwiGLU backward) .. dgrad [d_gate | d_up | bf16(grl)] @ [Wg; Wu; Wr]
     side: router kernel (+ the top-k index check) .. grad_Wd = g^T act .. [grad_router; grad_Wg;
-          grad_Wu] (with FUSED_WGRAD=0: grad_[Wg; Wu], and the router wgrad at the end of the
-          branch that ends first)
+          grad_Wu] (unfused: grad_[Wg; Wu], and the router wgrad at the end of the branch that
+          ends first)
 The router kernel runs the call's index check, whose verdict every later launch reads. It runs
 beside d_act where d_act leaves it at least 8 SMs (_Plan.router_beside: d_act on the fewest CTAs
 that keep its rounds, or split in fewer pieces); every GEMM CTA takes a whole SM's registers, so
@@ -66,12 +69,9 @@ WGRAD_AT = os.environ.get("CUPY_MOE_SOL080_WGRAD", "auto")
 # first: T = 3072, 6144), run d_act as a plain 128 x 256 GEMM (more efficient per FLOP, and its
 # even-rounds grid leaves SMs free) with the router beside it, then the elementwise SwiGLU backward.
 WIDE_D_ACT = os.environ.get("CUPY_MOE_SOL080_WIDE_D_ACT", "0") != "0"
-# A/B only: 0 runs the router weight gradient as its own GEMM (router.weight_gradient) instead of
-# as the first rows of the grad_[Wg; Wu] GEMM.
-FUSED_WGRAD = os.environ.get("CUPY_MOE_SOL080_FUSED_WGRAD", "1") != "0"
-# Elements past each workspace row [hi | d_gate | d_up | lo] (_Acts): a row of 2E + 2I = 3072
-# bf16 is 6 KB, a stride with few distinct memory channels among the rows a tile touches; A/B.
-ACTS_PAD = int(os.environ.get("CUPY_MOE_SOL080_ACTS_PAD", "64"))
+# Where the router weight gradient runs as the first rows of the grad_[Wg; Wu] GEMM instead of as
+# its own GEMM (router.weight_gradient): "auto" (module doc), "1" everywhere, "0" nowhere.
+FUSED_WGRAD = os.environ.get("CUPY_MOE_SOL080_FUSED_WGRAD", "auto")
 # A/B only: 1 sums small-T d_act's and the dgrad's split-K pieces in the GEMM, a cluster per tile
 # (gemm.SPLIT_CLUSTER), instead of through global memory and the sum kernels: 1.5-5 us slower at
 # T <= 384 (bench/NOTES.md v0.9).
@@ -141,7 +141,6 @@ class _Plan:
     wgrad_cluster: bool = True            # router.summed_in_the_gemm: its knobs, E and T
     act_wide: bool = False                # WIDE_D_ACT applied: plain 128 x 256 d_act (A/B)
     wgrad_fused: bool = True              # the router wgrad in the grad_[Wg; Wu] GEMM (FUSED_WGRAD)
-    acts_pad: int = 0                     # ACTS_PAD
 
     @classmethod
     def of(cls, g, x, wr, wg, wu, wd, gate):
@@ -149,9 +148,9 @@ class _Plan:
         I, E = gate.shape[1], wr.shape[0]
         d_act_on_sm90 = sm90_applies(T, I, [Segment(g, H, wd, I, k=H)], True, False)
         # The workspace (256-byte aligned) stands in as address 0: byte offsets for addresses.
-        acts = _Acts(T, I, E, ACTS_PAD)
-        wgrad_fused = FUSED_WGRAD and sm90_applies(E + 2 * I, H, acts.wgrad_segments(0, x, H, T),
-                                                   False, False)
+        acts = _Acts(T, I, E)
+        wanted = FUSED_WGRAD == "1" or FUSED_WGRAD == "auto" and not router.summed_in_the_gemm(T, E)
+        wgrad_fused = wanted and sm90_applies(E + 2 * I, H, acts.wgrad_segments(0, x, H, T), False, False)
         hi = Segment(acts.at(0, acts.hi), acts.ld, wr, H, k=E) if wgrad_fused else Segment(0, 2 * E, wr, H, k=E)
         dgrad_on_sm90 = sm90_applies(T, H, [Segment(acts.at(0, acts.du), acts.ld, wu, H, k=I),
                                             Segment(acts.at(0, acts.dg), acts.ld, wg, H, k=I), hi],
@@ -179,7 +178,7 @@ class _Plan:
                    router_beside=router_beside, even_rounds=EVEN_ROUNDS, wgrad_at=WGRAD_AT,
                    wgrad_stacked=router.STACKED, split_cluster=gemm_module.SPLIT_CLUSTER and SPLIT_CLUSTER,
                    wgrad_cluster=router.summed_in_the_gemm(T, E),
-                   act_wide=act_wide, wgrad_fused=wgrad_fused, acts_pad=ACTS_PAD)
+                   act_wide=act_wide, wgrad_fused=wgrad_fused)
 
 
 @dataclass(frozen=True)
@@ -192,11 +191,10 @@ class _Acts:
     T: int
     I: int
     E: int
-    pad: int = 0  # elements past lo (ACTS_PAD)
 
     @property
     def ld(self) -> int:
-        return 2 * self.E + 2 * self.I + self.pad
+        return 2 * self.E + 2 * self.I
 
     hi = 0
 
@@ -235,7 +233,7 @@ class _Workspace:
     dgrad_pieces: object  # [splits, T, H] fp32 split-K pieces of grad_hidden_states, or None
     acts: object       # [T, 2E + 2I] bf16, row t = [hi(t) | d_gate(t) | d_up(t) | lo(t)] (_Acts):
     #                    hi = bf16(grl), hi + lo = grl
-    grl: object        # FUSED_WGRAD off: [T, 2E] bf16, row t = [hi(t) | lo(t)] (router.py's form), else None
+    grl: object        # unfused: [T, 2E] bf16, row t = [hi(t) | lo(t)] (router.py's form), else None
     partial: object    # fp32 pieces of the router weight gradient (router.py), or None
 
     @classmethod
@@ -245,7 +243,7 @@ class _Workspace:
         return cls(d_act=None if plan.act_fused or plan.act_splits > 1 else cp.empty((T, I), bfloat16),
                    act_pieces=None if plan.split_cluster else pieces(plan.act_splits, T, I),
                    dgrad_pieces=None if plan.split_cluster else pieces(plan.dgrad_splits, T, H),
-                   acts=cp.empty((T, _Acts(T, I, E, plan.acts_pad).ld), bfloat16),
+                   acts=cp.empty((T, _Acts(T, I, E).ld), bfloat16),
                    grl=None if plan.wgrad_fused else cp.empty((T, 2 * E), bfloat16),
                    partial=wgrad_pieces and cp.empty(wgrad_pieces, cp.float32))
 
@@ -301,7 +299,7 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
         side.fork.record(main)
         side.stream.wait_event(side.fork)
 
-    def router_wgrad():  # its own GEMM (FUSED_WGRAD off), placed by plan.wgrad_at
+    def router_wgrad():  # its own GEMM (unfused), placed by plan.wgrad_at
         if not plan.wgrad_fused:
             router.weight_gradient(ws.grl, inputs.x, grad_router, ws.partial, cancel)
 
@@ -348,7 +346,7 @@ def _d_act_gemm(inputs: _Inputs, ws: _Workspace, plan: _Plan) -> dict:
     I = inputs.gate.shape[1]
     common = dict(m=T, n=I, segments=[Segment(inputs.g, H, inputs.wd, I, k=H)], a_kmajor=True,
                   b_kmajor=False, ldc=I)
-    acts = _Acts(T, I, inputs.wr.shape[0], plan.acts_pad)
+    acts = _Acts(T, I, inputs.wr.shape[0])
     swiglu = dict(out=None, epilogue="swiglu_backward", engine="sm90",
                   swiglu=SwigluBackward(gate=inputs.gate, up=inputs.up, dg=acts.at(ws.acts, acts.dg),
                                         du=acts.at(ws.acts, acts.du), ld_grad=acts.ld,
@@ -368,7 +366,7 @@ def _finish_d_act(inputs: _Inputs, ws: _Workspace, plan: _Plan, cancel) -> None:
     gate, up = inputs.gate, inputs.up
     T, I = gate.shape
     n = T * I
-    acts = _Acts(T, I, inputs.wr.shape[0], plan.acts_pad)
+    acts = _Acts(T, I, inputs.wr.shape[0])
     d_gate_up = [ptr(acts.at(ws.acts, acts.dg)), i32(I), i64(n), i64(acts.ld), ptr(cancel)]
     mod = _build.load_module("sol080.cu")
     if plan.act_splits > 1 and plan.split_cluster:
@@ -388,7 +386,7 @@ def _grl_at(inputs: _Inputs, ws: _Workspace, plan: _Plan):
     """Where the router kernel writes hi and lo: (row 0's hi, elements per row, lo's offset)."""
     T, I, E = inputs.g.shape[0], inputs.gate.shape[1], inputs.wr.shape[0]
     if plan.wgrad_fused:
-        acts = _Acts(T, I, E, plan.acts_pad)
+        acts = _Acts(T, I, E)
         return ws.acts, acts.ld, acts.lo  # hi at column 0
     return ws.grl, 2 * E, E
 
@@ -421,7 +419,7 @@ def _grad_wgu_gemm(inputs: _Inputs, grad_wgu, grad_router, ws: _Workspace, plan:
     all rows plus lo^T x over the router's (module doc)."""
     x = inputs.x
     T, H = x.shape
-    acts = _Acts(T, inputs.gate.shape[1], inputs.wr.shape[0], plan.acts_pad)
+    acts = _Acts(T, inputs.gate.shape[1], inputs.wr.shape[0])
     common = dict(n=H, a_kmajor=False, b_kmajor=False, out=grad_wgu, ldc=H)
     if plan.wgrad_fused:
         return dict(common, m=acts.E + grad_wgu.shape[0], segments=acts.wgrad_segments(ws.acts, x, H, T),
@@ -435,7 +433,7 @@ def _dgrad_gemm(inputs: _Inputs, grad_h, ws: _Workspace, plan: _Plan) -> dict:
     wr, wg, wu = inputs.wr, inputs.wg, inputs.wu
     T, H = grad_h.shape
     I, E = inputs.gate.shape[1], wr.shape[0]
-    acts = _Acts(T, I, E, plan.acts_pad)
+    acts = _Acts(T, I, E)
     hi, hi_ld, _ = _grl_at(inputs, ws, plan)
     common = dict(m=T, n=H, segments=[Segment(acts.at(ws.acts, acts.du), acts.ld, wu, H, k=I),
                                       Segment(acts.at(ws.acts, acts.dg), acts.ld, wg, H, k=I),
