@@ -88,6 +88,11 @@ struct Plan {
   static_assert(!Cfg::C_TMA || Cfg::EPILOGUE == kStoreBf16, "TMA stores carry bf16 results");
   static_assert(Cfg::EPILOGUE != kSwigluBackward || Cfg::GROUPING != kKGrouped, "row epilogue");
   static_assert(PRODUCER_REGS * PRODUCER_THREADS + CONSUMER_REGS * 128 * CONSUMER_WARPGROUPS <= 65536, "regs");
+  // setmaxnreg moves registers within the CTA's launch allocation (168 each at 384 threads):
+  // what the producer gives back must cover what the consumers take, or they wait forever.
+  static constexpr int LAUNCH_REGS = (65536 / MAIN_THREADS) & ~7;
+  static_assert((LAUNCH_REGS - PRODUCER_REGS) * PRODUCER_THREADS >=
+                (CONSUMER_REGS - LAUNCH_REGS) * 128 * CONSUMER_WARPGROUPS, "setmaxnreg: consumers would wait");
   static_assert(Cfg::GROUPING != kMGrouped || Cfg::A_KMAJOR, "M-grouped GEMMs take a K-major A");
   static_assert(!Cfg::SPLIT_K || (Cfg::GROUPING == kNone && (Cfg::EPILOGUE == kStoreF32 || Cfg::SPLIT_CLUSTER)),
                 "split-K: fp32 pieces of an ungrouped GEMM, or summed in their cluster");
