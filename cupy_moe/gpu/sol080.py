@@ -1,4 +1,4 @@
-"""SOL-080 backward on the GPU (sol080.md): 6-8 launches over the shared GEMM engine, replayed as
+"""SOL-080 backward on the GPU (sol080.md): 5-9 launches over the shared GEMM engine, replayed as
 one CUDA graph when a caller repeats a call on the same buffers (gpu/graphs.py).
 
 The SwiGLU backward (steps 3-4) runs in the epilogue of d_act = g Wd, with the contract's rounding
@@ -128,7 +128,9 @@ class _Plan:
     tiles at small T, gemm.k_splits_for); act_fused: else the SwiGLU backward in d_act's epilogue.
     router_beside: the router kernel runs beside d_act on SMs d_act leaves free (at least
     _ROUTER_SMS), instead of alone before it: the whole d_act on the fewest CTAs that keep its
-    rounds (gemm's even_rounds), a split one in fewer pieces."""
+    rounds (gemm's even_rounds), a split one in fewer pieces. wgrad_fused: the router weight
+    gradient as the first rows of the grad_[Wg; Wu] GEMM (FUSED_WGRAD; else its own GEMM, which
+    wgrad_at, wgrad_stacked and wgrad_cluster describe)."""
 
     act_splits: int
     act_fused: bool
