@@ -317,3 +317,17 @@ def test_heavy_tiles_rotation(tiles, ctas, heavy, rotation):
         r = tiles % ctas
         positions = [(u - rotation) % tiles for u in range(heavy)]  # where tile u lands
         assert all(r <= p < ctas for p in positions)  # first round, CTAs with one tile fewer
+
+
+def test_no_counter_inside_a_capture_means_the_static_config(host, monkeypatch):
+    """A launch prepared inside a stream capture before any counter pair exists gets none
+    (_tile_counter() gives 0): it must then run a static config, never the dynamic one with a
+    null counter."""
+    launches, _ = host
+    monkeypatch.setattr(G, "_tile_counter", lambda: 0)
+    G.gemm(m=300, n=1408, segments=[G.Segment(_Array(0x1000_0000), 1408, _Array(0x2000_0000), 4096, k=4096)],
+           a_kmajor=False, b_kmajor=False, out=_Array(0x9000_0000), ldc=1408, c_group_stride=300 * 1408,
+           grouping="k", group_offsets=_Array(0x8000_0000), num_groups=4)
+    (kind, cfg), *_ = launches[-1]
+    assert not cfg.DYNAMIC
+    assert G.GemmSm90Params.from_buffer_copy(launches[-1][4]).base.tile_counter is None

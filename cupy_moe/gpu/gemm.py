@@ -544,8 +544,11 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
     if cluster:
         pingpong = c_tma = False
     staged = not pingpong and not cluster and _epilogue_staged(p, n, flags)
+    # Claims need a counter pair of the launch's own (none is made inside a stream capture: that
+    # launch keeps the static order). A cluster's CTAs take one tile each, their rank's: no claims.
     claims = not cluster and (DYNAMIC_TILES == "all" or DYNAMIC_TILES == "grouped" and grouping != "none")
-    flags = dict(flags, DYNAMIC=claims, SEG_ROWS=any(s.m for s in segments))
+    counter = _tile_counter() if claims else 0
+    flags = dict(flags, DYNAMIC=counter != 0, SEG_ROWS=any(s.m for s in segments))
     cfg = Sm90Config.choose(m_tiles * k_splits, n, sms, num_groups if grouping == "m" else 0,
                             pingpong, wide=wide and not staged and not cluster, C_TMA=c_tma,
                             E_STAGED=staged, SPLIT_K=k_splits > 1, SPLIT_CLUSTER=cluster, **flags)
@@ -553,8 +556,7 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
         cfg = dataclasses.replace(cfg, **CONFIG_OVERRIDE)
     P = GemmSm90Params()
     P.base = p
-    # (A cluster's CTAs take one tile each, their rank's: no claims.)
-    P.base.tile_counter = _tile_counter() if cfg.DYNAMIC else 0
+    P.base.tile_counter = counter
     if c_tma:
         c_groups = num_groups if grouping == "k" else 1
         encode_bf16(P.tma_c, p.c, (n, c_rows, c_groups),
