@@ -60,6 +60,7 @@ extern "C" __global__ void combine_forward(const bf16_t* __restrict__ y_sorted,
                                            const bf16_t* __restrict__ y_shared, int T, int H, int K,
                                            bf16_t* __restrict__ out) {
   wait_prior_grids();
+  TRACE_SCOPE();
   if (H % 8 == 0) combine<8, true>(y_sorted, row_of_slot, weights, y_shared, nullptr, T, H, K, out);
   else combine<1, true>(y_sorted, row_of_slot, weights, y_shared, nullptr, T, H, K, out);
 }
@@ -70,6 +71,7 @@ extern "C" __global__ void combine_backward(const bf16_t* __restrict__ dx_sorted
                                             const float* __restrict__ dx_rest, int T, int H, int K,
                                             bf16_t* __restrict__ dx) {
   wait_prior_grids();
+  TRACE_SCOPE();
   if (H % 8 == 0) combine<8, false>(dx_sorted, row_of_slot, nullptr, nullptr, dx_rest, T, H, K, dx);
   else combine<1, false>(dx_sorted, row_of_slot, nullptr, nullptr, dx_rest, T, H, K, dx);
 }

@@ -6,6 +6,7 @@
 extern "C" __global__ void gather_rows(const bf16_t* __restrict__ src, const int* __restrict__ index,
                                        int div, int rows, int width, bf16_t* __restrict__ dst) {
   wait_prior_grids();
+  TRACE_SCOPE();
   const int lane = threadIdx.x % 32;
   const int warps = (int)(gridDim.x * blockDim.x / 32);
   for (int r = (int)((blockIdx.x * blockDim.x + threadIdx.x) / 32); r < rows; r += warps) {

@@ -27,6 +27,7 @@ extern "C" __global__ void router_topk(const float* __restrict__ logits, const f
                                        float scale, float* __restrict__ scores, i64* __restrict__ topk_idx,
                                        float* __restrict__ topk_w) {
   wait_prior_grids();
+  TRACE_SCOPE();
   extern __shared__ float smem_keys[];
   const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int t = blockIdx.x * warps + warp;
@@ -105,6 +106,7 @@ extern "C" __global__ void router_backward(const float* __restrict__ dw_sorted,
                                            const float* __restrict__ topk_w, int T, int E, int K,
                                            int norm, float scale, bf16_t* __restrict__ hi_lo) {
   wait_prior_grids();
+  TRACE_SCOPE();
   const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= (i64)T * E) return;
   const int t = (int)(i / E), e = (int)(i % E);
@@ -139,6 +141,7 @@ extern "C" __global__ void router_backward(const float* __restrict__ dw_sorted,
 extern "C" __global__ void sum_splits(const float* __restrict__ partial, int splits, long long n,
                                       float* __restrict__ out, const int* cancel) {
   wait_prior_grids();
+  TRACE_SCOPE();
   if (cancelled(cancel)) return;
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
        i += (long long)gridDim.x * blockDim.x)

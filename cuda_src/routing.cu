@@ -8,6 +8,7 @@ constexpr int kChunk = 2048;  // slots per chunk (one block in histogram and pla
 extern "C" __global__ void routing_histogram(const i64* __restrict__ topk_idx, int n_slots, int E,
                                              int* __restrict__ chunk_counts) {
   wait_prior_grids();
+  TRACE_SCOPE();
   extern __shared__ int hist[];
   for (int e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
   __syncthreads();
@@ -24,6 +25,7 @@ extern "C" __global__ void routing_scan(const int* __restrict__ chunk_counts, in
                                         int* __restrict__ chunk_base, int* __restrict__ expert_offsets,
                                         i64* __restrict__ tokens_per_expert) {
   wait_prior_grids();
+  TRACE_SCOPE();
   extern __shared__ int totals[];
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
     int sum = 0;
@@ -53,6 +55,7 @@ extern "C" __global__ void routing_place(const i64* __restrict__ topk_idx, int n
                                          const int* __restrict__ chunk_base,
                                          int* __restrict__ sorted_slots, int* __restrict__ row_of_slot) {
   wait_prior_grids();
+  TRACE_SCOPE();
   extern __shared__ int running[];
   const int lane = threadIdx.x;
   for (int e = lane; e < E; e += 32) running[e] = chunk_base[(i64)blockIdx.x * E + e];
@@ -82,6 +85,7 @@ extern "C" __global__ void routing_place(const i64* __restrict__ topk_idx, int n
 extern "C" __global__ void check_topk_indices(const i64* __restrict__ topk_idx, int T, int K, int E,
                                               int* __restrict__ scratch, volatile int* report) {
   wait_prior_grids();
+  TRACE_SCOPE();
   __shared__ int first_bad[2];
   if (threadIdx.x == 0) first_bad[0] = first_bad[1] = kNoRow;
   __syncthreads();

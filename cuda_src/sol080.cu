@@ -65,6 +65,7 @@ extern "C" __global__ void sol080_swiglu_backward(const bf16_t* __restrict__ d_a
                                                   bf16_t* __restrict__ d_gate_up, int I, i64 n, i64 ld,
                                                   const int* cancel) {
   wait_prior_grids();
+  TRACE_SCOPE();
   if (cancelled(cancel)) return;
   if (I % 8 == 0 && ld % 8 == 0 && aligned16(d_act) && aligned16(gate) && aligned16(up) && aligned16(d_gate_up)) {
     FOR_EACH_CHUNK8(v, n) {
@@ -87,6 +88,7 @@ extern "C" __global__ void sol080_swiglu_backward_pieces(const float* __restrict
                                                          bf16_t* __restrict__ d_gate_up, int I, i64 n, i64 ld,
                                                          const int* cancel) {
   wait_prior_grids();
+  TRACE_SCOPE();
   if (cancelled(cancel)) return;
   if (I % 8 == 0 && ld % 8 == 0 && aligned16(d_act_pieces) && aligned16(gate) && aligned16(up) &&
       aligned16(d_gate_up)) {
@@ -108,6 +110,7 @@ extern "C" __global__ void sol080_swiglu_backward_pieces(const float* __restrict
 extern "C" __global__ void sum_pieces_bf16(const float* __restrict__ pieces_, int pieces, i64 n,
                                            bf16_t* __restrict__ out, const int* cancel) {
   wait_prior_grids();
+  TRACE_SCOPE();
   if (cancelled(cancel)) return;
   if (n % 8 == 0 && aligned16(pieces_) && aligned16(out)) {
     FOR_EACH_CHUNK8(v, n) {
@@ -206,6 +209,7 @@ sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ top
               bf16_t* __restrict__ hi_rows, int ld, int lo_offset, int* __restrict__ check_scratch,
               volatile int* check_report) {
   wait_prior_grids();
+  TRACE_SCOPE();
   __shared__ int first_bad[2];
   if (threadIdx.x == 0) first_bad[0] = first_bad[1] = kNoRow;
   __syncthreads();

@@ -6,6 +6,7 @@
 extern "C" __global__ void swiglu_forward(const bf16_t* __restrict__ g, const bf16_t* __restrict__ u,
                                           bf16_t* __restrict__ a, i64 n) {
   wait_prior_grids();
+  TRACE_SCOPE();
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
     const float gv = bf16_to_f32(g[i]);
     a[i] = f32_to_bf16(gv * sigmoid_f32(gv) * bf16_to_f32(u[i]));
@@ -24,6 +25,7 @@ swiglu_backward(const float* __restrict__ da_unweighted, const bf16_t* __restric
                 const float* __restrict__ weights, const int* __restrict__ row_index, int rows, int I, bf16_t* __restrict__ dg, bf16_t* __restrict__ du,
                 float* __restrict__ dw, bf16_t* __restrict__ aw) {
   wait_prior_grids();
+  TRACE_SCOPE();
   __shared__ float partial[kRowThreads];
   const int r = blockIdx.x;
   const float w = weights ? weights[row_index ? row_index[r] : r] : 1.f;

@@ -131,13 +131,18 @@ def _process_dir():
     return tempfile.TemporaryDirectory(prefix="cupy_moe-")
 
 
-_modules = {}
+_modules = {}  # (device, entry, prelude) -> cupy.RawModule
+TRACE_DEFINE = "#define CUPY_MOE_TRACE 1\n"
 
 
 def load_module(entry: str, prelude: str = ""):
-    """The cupy.RawModule of an entry for the current device (compiled and loaded at most once)."""
+    """The cupy.RawModule of an entry for the current device (compiled and loaded at most once).
+    With CUPY_MOE_TRACE=1 in the environment every kernel records its blocks' SMs and times
+    (cuda_src/common/trace.cuh; read by bench/sm_timeline.py): other cubins, the same math."""
     import cupy
 
+    if os.environ.get("CUPY_MOE_TRACE") == "1":
+        prelude = TRACE_DEFINE + prelude
     dev = cupy.cuda.Device()
     k = (dev.id, entry, prelude)
     mod = _modules.get(k)

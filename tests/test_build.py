@@ -109,3 +109,15 @@ def test_wheel_contains_cuda_sources(tmp_path):
     want |= {"cupy_moe/cuda_src/gemm/mainloop_mma.cuh", "cupy_moe/cuda_src/common/types.cuh",
              "cupy_moe/cuda_src/common/ptx.cuh"}
     assert want <= set(names), sorted(want - set(names))
+
+
+@needs_nvrtc
+def test_sm_trace_only_where_asked(tmp_path, monkeypatch):
+    """TRACE_SCOPE() in every kernel is nothing unless the prelude defines CUPY_MOE_TRACE
+    (load_module adds it for CUPY_MOE_TRACE=1, bench/sm_timeline.py): the library's cubins carry
+    no trace buffer; the traced ones do."""
+    monkeypatch.setenv("CUPY_MOE_CACHE_DIR", str(tmp_path))
+    plain, _ = _build.compile_entry("sol080.cu", "", "sm_90a")
+    traced, _ = _build.compile_entry("sol080.cu", _build.TRACE_DEFINE, "sm_90a")
+    assert b"cupy_moe_trace" not in plain.read_bytes()
+    assert b"cupy_moe_trace" in traced.read_bytes()

@@ -74,3 +74,5 @@ __device__ __forceinline__ void sum_of_pieces_x8(const float* __restrict__ piece
   out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
   out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
 }
+
+#include "trace.cuh"  // TRACE_SCOPE(): every kernel's second statement

@@ -1,0 +1,118 @@
+"""Where a SOL-080 call leaves SMs idle: every block of every launch, on which SM, from when to when
+(cuda_src/common/trace.cuh, compiled in by CUPY_MOE_TRACE=1, which this script sets before
+anything is built). One traced call after warm-up (its CUDA graph replayed, as the benchmark's
+calls are; L2 flushed first), then per launch its blocks, SMs and span, and for the call: how
+many SMs were busy in each time slice, and the idle SM time in all.
+Usage (device): PYTHONPATH=. python bench/sm_timeline.py [--bin 5] [T ...]   (default 1879 8192)"""
+import argparse
+import os
+
+os.environ["CUPY_MOE_TRACE"] = "1"  # before cupy_moe builds a kernel
+
+import numpy as np  # noqa: E402
+
+RECORD = np.dtype([("grid", "<u8"), ("block", "<u4"), ("smid", "<u4"), ("start", "<u8"), ("end", "<u8")])
+
+
+def traced_modules():
+    from cupy_moe import _build
+
+    return [(key, mod) for key, mod in _build._modules.items() if key[2].startswith(_build.TRACE_DEFINE)]
+
+
+def _global(mod, name, dtype, count):
+    import cupy as cp
+
+    return cp.ndarray((count,), dtype, memptr=mod.get_global(name))
+
+
+def reset():
+    for _, mod in traced_modules():
+        _global(mod, "cupy_moe_trace_count", np.uint32, 1).fill(0)
+
+
+def collect():
+    """[(label, records)] per launch, labelled by entry file, tile width (GEMMs) and grid id."""
+    import cupy as cp
+
+    cp.cuda.Device().synchronize()
+    launches = []
+    for (_, entry, prelude), mod in traced_modules():
+        n = int(_global(mod, "cupy_moe_trace_count", np.uint32, 1).get()[0])
+        if n == 0:
+            continue
+        raw = _global(mod, "cupy_moe_trace", np.uint8, n * RECORD.itemsize).get()
+        recs = raw.view(RECORD)
+        name = entry.replace(".cu", "")
+        if "BN = " in prelude:
+            name += " BN=" + prelude.split("BN = ")[1].split(";")[0]
+        for grid in np.unique(recs["grid"]):
+            launches.append((name, recs[recs["grid"] == grid]))
+    return launches
+
+
+def report(launches, sms, bin_us):
+    t0 = min(int(r["start"].min()) for _, r in launches)
+    t1 = max(int(r["end"].max()) for _, r in launches)
+    span = (t1 - t0) / 1e3
+    print(f"call span {span:.1f} us over {sms} SMs; launches in start order:")
+    print(f"{'launch':<28}{'blocks':>7}{'SMs':>5}{'start':>9}{'end':>9}{'SM-us':>9}")
+    busy = [[] for _ in range(sms)]  # per SM: (start, end) of every block, us from t0
+    for name, r in sorted(launches, key=lambda l: int(l[1]["start"].min())):
+        s, e = (r["start"].astype(np.int64) - t0) / 1e3, (r["end"].astype(np.int64) - t0) / 1e3
+        for sm, a, b in zip(r["smid"], s, e):
+            busy[int(sm)].append((a, b))
+        used = {int(x) for x in r["smid"]}
+        own = sum(_union([(a, b) for sm, a, b in zip(r["smid"], s, e) if int(sm) == u]) for u in used)
+        print(f"{name:<28}{len(r):>7}{len(used):>5}{s.min():>9.1f}{e.max():>9.1f}{own:>9.0f}")
+    total = sum(_union(iv) for iv in busy)
+    print(f"busy {total:.0f} of {sms * span:.0f} SM-us: {100 * (1 - total / (sms * span)):.1f}% idle "
+          f"({sms * span - total:.0f} SM-us = {(sms * span - total) / sms:.1f} us of the whole GPU)")
+    edges = np.arange(0.0, span + bin_us, bin_us)
+    print(f"SMs busy per {bin_us:g} us slice (mean over the slice):")
+    row = []
+    for a in edges[:-1]:
+        b = a + bin_us
+        on = sum(_union([(max(x, a), min(y, b)) for x, y in iv if y > a and x < b]) for iv in busy)
+        row.append(f"{a:6.0f}:{on / bin_us:5.0f}")
+    for i in range(0, len(row), 8):
+        print("  " + " ".join(row[i:i + 8]))
+
+
+def _union(intervals) -> float:
+    """Length of the union of (start, end) intervals."""
+    total, end = 0.0, -np.inf
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def main():
+    import cupy as cp
+
+    import cupy_moe
+    from cupy_moe.gpu.gemm import device_sms
+    from cupy_moe.testing import make_sol080_inputs
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", type=float, default=5.0)
+    ap.add_argument("T", nargs="*", type=int, default=[1879, 8192])
+    args = ap.parse_args()
+    flush = cp.empty(256 << 20, cp.uint8)
+    for T in args.T:
+        a = list(make_sol080_inputs(T, seed=T, xp=cp).values())
+        for _ in range(3):  # eager, captured, replayed: the traced call is a replay
+            cupy_moe.sol080_backward(*a)
+        cp.cuda.Device().synchronize()
+        flush.fill(1)
+        reset()
+        cupy_moe.sol080_backward(*a)
+        print(f"\n== SOL-080 T = {T}")
+        report(collect(), device_sms(), args.bin)
+
+
+if __name__ == "__main__":
+    main()

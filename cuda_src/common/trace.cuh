@@ -1,0 +1,58 @@
+// A per-block SM timeline for bench/sm_timeline.py, compiled in only when the prelude defines
+// CUPY_MOE_TRACE (cupy_moe/_build.py adds it when the environment variable CUPY_MOE_TRACE=1):
+// which SM ran each block of each launch (%gridid, unique per launch), from when to when
+// (%globaltimer, ns, one clock for all SMs). Block 0's thread 0 takes a record at entry; every
+// warp stamps its exit, the block's end is the last stamp. Without the define, TRACE_SCOPE() is
+// nothing: the kernels the library runs are not touched.
+#pragma once
+
+#ifdef CUPY_MOE_TRACE
+struct TraceRecord {
+  unsigned long long grid;
+  unsigned int block, smid;
+  unsigned long long start, end;
+};
+constexpr unsigned int kTraceCapacity = 1u << 18;
+__device__ TraceRecord cupy_moe_trace[kTraceCapacity];
+__device__ unsigned int cupy_moe_trace_count;
+
+__device__ __forceinline__ unsigned long long trace_now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+struct TraceScope {
+  int rec;
+  __device__ TraceScope() {
+    __shared__ int slot;
+    if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
+      const unsigned int n = atomicAdd(&cupy_moe_trace_count, 1u);
+      slot = n < kTraceCapacity ? (int)n : -1;
+      if (slot >= 0) {
+        unsigned long long grid;
+        unsigned int sm;
+        asm volatile("mov.u64 %0, %%gridid;" : "=l"(grid));
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        TraceRecord& r = cupy_moe_trace[slot];
+        r.grid = grid;
+        r.block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+        r.smid = sm;
+        r.start = trace_now();
+        r.end = 0;
+      }
+    }
+    __syncthreads();
+    rec = slot;
+  }
+  __device__ ~TraceScope() {
+    if (rec >= 0 && (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % 32 == 0)
+      atomicMax(&cupy_moe_trace[rec].end, trace_now());
+  }
+};
+#define TRACE_SCOPE() TraceScope trace_scope_
+#else
+#define TRACE_SCOPE() \
+  do {            \
+  } while (0)
+#endif
