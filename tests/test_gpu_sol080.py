@@ -236,7 +236,7 @@ def test_router_kernel_writes_the_contracts_router_terms_bitwise(T, H, E, K):
                                 d["shared_expert_gate_weight"], d["shared_expert_up_weight"],
                                 d["shared_expert_down_weight"], d["shared_gate_output"],
                                 d["shared_up_output"], d["shared_activated"])
-    acts = gpu_sol080._Acts(T, 24, E)  # the fused weight gradient's row [hi | d_gate | d_up | lo]
+    acts = gpu_sol080._Acts(24, E)  # the fused weight gradient's row [hi | d_gate | d_up | lo]
     rows = cp.full((T, acts.ld), np.nan, bfloat16)
     check = validate.topk_check_in_kernel("topk_indices", inputs.idx, E)
     gpu_sol080._router_kernel(inputs, rows, acts.ld, acts.lo, check.kernel_args)

@@ -104,9 +104,9 @@ struct Plan {
                                         !E_STAGED && Cfg::EPILOGUE != kAccumulateF32 &&
                                         Cfg::STAGES * STAGE_BYTES >= BM * 128 * 4),
                 "cluster split-K: cooperative 128 x 128 tiles, register epilogues");
+  static_assert(!Cfg::DYNAMIC || !Cfg::SPLIT_CLUSTER, "a cluster's CTAs take their rank's tile");
   // ROW_SPLIT: rows [0, c2_rows) of the result leave as fp32 to c2, the rest as bf16 to c (from
   // its row 0); tiles that reach into the fp32 rows store from registers.
-  static_assert(!Cfg::DYNAMIC || !Cfg::SPLIT_CLUSTER, "a cluster's CTAs take their rank's tile");
   static_assert(!Cfg::ROW_SPLIT || (Cfg::EPILOGUE == kStoreBf16 && Cfg::GROUPING == kNone && !Cfg::SPLIT_K),
                 "row split: a bf16 result of an ungrouped, unsplit GEMM");
   static_assert(Cfg::GROUPING != kKGrouped || (!Cfg::A_KMAJOR && !Cfg::B_KMAJOR),
@@ -773,8 +773,7 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
   u64* turn = (u64*)(smem + L::TURNS);
   u64* epi_bar = (u64*)(smem + L::EPI_BARRIERS);  // [0] da' staged, [1] buffer free
   int* tile_start = (int*)(smem + L::SCHEDULE);
-  // The cluster split-K's CTAs take one tile each, their rank's: always the static order.
-  const Feed<Cfg> feed(smem + L::FEED, P.base.tile_counter);
+  const Feed<Cfg> feed(smem + L::FEED, P.base.tile_counter);  // (static: the counter is unused)
   const int tid = threadIdx.x;
   if (tid == 0) {
     for (int s = 0; s < Cfg::STAGES; ++s) {

@@ -1,6 +1,7 @@
 // Persistent tile scheduler of the Hopper GEMM: a linear tile index -> (group, rows, columns,
 // reduction range). Group sizes stay in device memory (no host sync per call); every CTA walks
-// tiles blockIdx.x, blockIdx.x + gridDim.x, ... in the same order as its producer and consumers.
+// tiles blockIdx.x, blockIdx.x + gridDim.x, ... (or claims them as it goes: tile_feed.cuh), its
+// producer, consumers and epilogue warps in the same order.
 // Order: n fastest, so CTAs running together share an A row block and sweep B, which stays in L2
 // (one expert's weights for M-grouped GEMMs).
 // Split-K (SPLIT: ungrouped GEMMs, num_groups = S pieces): the reduction, every segment's k-tiles in

@@ -12,9 +12,9 @@
 // a bit of the result: deterministic.
 //
 // Dynamic, the producer's thread 0 writes each tile index into a small ring in shared memory; the
-// readers (consumer warps, epilogue warps, a cp.async producer's warps) wait on its full barrier,
-// read, and hand the slot back. The last entry is an index >= the tile count: everyone stops
-// there.
+// readers (consumer warps, epilogue warps) wait on its full barrier, read, and hand the slot back;
+// a cp.async producer's other threads get it through a named barrier (to_producer). The last
+// entry is an index >= the tile count: everyone stops there.
 // Counter reset: counter[1] counts the CTAs whose producer is done claiming; the last of them
 // zeroes both words, so the next launch on the stream (stream order, and every kernel waits for
 // the grid before it: wait_prior_grids) finds them zero: no memset per launch. Two launches that

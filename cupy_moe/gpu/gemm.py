@@ -46,8 +46,8 @@ SPLIT_CLUSTER = os.environ.get("CUPY_MOE_SPLIT_CLUSTER", "1") != "0"
 # table, layer backward -0.8%), "all", or "none". The same bits either way. Dense GEMMs keep the
 # static order: SOL-080, whose concurrent dense GEMMs share the SMs, measured 1.3 us slower on
 # its mean with claims (bench/NOTES.md v0.10). CUPY_MOE_DYNAMIC_TILES sets it (A/B).
-DYNAMIC_TILES = {"0": "none", "1": "all"}.get(os.environ.get("CUPY_MOE_DYNAMIC_TILES", "grouped"),
-                                               os.environ.get("CUPY_MOE_DYNAMIC_TILES", "grouped"))
+_dynamic_tiles = os.environ.get("CUPY_MOE_DYNAMIC_TILES", "grouped")
+DYNAMIC_TILES = {"0": "none", "1": "all"}.get(_dynamic_tiles, _dynamic_tiles)
 if DYNAMIC_TILES not in ("grouped", "all", "none"):
     raise ValueError(f"CUPY_MOE_DYNAMIC_TILES: expected grouped, all or none (or 1 / 0), got {DYNAMIC_TILES!r}")
 GROUPINGS = {"none": 0, "m": 1, "k": 2}
@@ -459,9 +459,6 @@ def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, g
     p.gather_div = gather_div
     if f32_head is not None:
         p.c2, p.ldc2, p.c2_rows = _addr(f32_head[0]), f32_head[1], f32_head[2]
-        flags_head = dict(ROW_SPLIT=True)
-    else:
-        flags_head = {}
     if sw is not None:
         p.e_gate, p.e_up, p.e_dg, p.e_du = (_addr(a) for a in (sw.gate, sw.up, sw.dg, sw.du))
         p.e_act, p.e_row_weight, p.e_row_index, p.e_aw = (
@@ -474,8 +471,9 @@ def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, g
         why = _sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stride,
                                 flags["GATHER_A"], flags["GATHER_B"])
         if why is None:
-            return _prepare_sm90(p, segments, m, n, grouping, num_groups, dict(flags, **flags_head),
-                                 k_splits, even_rounds, wide, halves)
+            return _prepare_sm90(p, segments, m, n, grouping, num_groups,
+                                 dict(flags, ROW_SPLIT=f32_head is not None), k_splits, even_rounds,
+                                 wide, halves)
         if engine == "sm90":
             raise ValueError(f"the sm90 GEMM does not apply: {why}")
     if sw is not None and (sw.contract_rounding or sw.ld_grad):

@@ -51,7 +51,7 @@ from .._arrays import bfloat16
 from .._launch import cdiv, grid_stride_blocks, i32, i64, ptr
 from . import graphs, router
 from . import gemm as gemm_module
-from .gemm import (Segment, SwigluBackward, device_sms, even_round_ctas, gemm, k_splits_for,
+from .gemm import (Segment, SwigluBackward, _addr, device_sms, even_round_ctas, gemm, k_splits_for,
                    sm90_applies)
 
 CONCURRENT = os.environ.get("CUPY_MOE_SOL080_STREAMS", "1") != "0"
@@ -150,7 +150,7 @@ class _Plan:
         I, E = gate.shape[1], wr.shape[0]
         d_act_on_sm90 = sm90_applies(T, I, [Segment(g, H, wd, I, k=H)], True, False)
         # The workspace (256-byte aligned) stands in as address 0: byte offsets for addresses.
-        acts = _Acts(T, I, E)
+        acts = _Acts(I, E)
         wanted = FUSED_WGRAD == "1" or FUSED_WGRAD == "auto" and not router.summed_in_the_gemm(T, E)
         wgrad_fused = wanted and sm90_applies(E + 2 * I, H, acts.wgrad_segments(0, x, H, T), False, False)
         hi = Segment(acts.at(0, acts.hi), acts.ld, wr, H, k=E) if wgrad_fused else Segment(0, 2 * E, wr, H, k=E)
@@ -190,9 +190,12 @@ class _Acts:
     fused weight-gradient GEMM [hi | d_gate | d_up] as its rows and lo as the router's second
     reduction."""
 
-    T: int
     I: int
     E: int
+
+    @classmethod
+    def of(cls, inputs: "_Inputs") -> "_Acts":
+        return cls(inputs.gate.shape[1], inputs.wr.shape[0])
 
     @property
     def ld(self) -> int:
@@ -214,7 +217,7 @@ class _Acts:
 
     def at(self, base, offset: int) -> int:
         """Byte address of column `offset` of row 0 (base: an array or an address)."""
-        return (base if isinstance(base, int) else base.data.ptr) + 2 * offset
+        return _addr(base) + 2 * offset
 
     def wgrad_segments(self, base, x, H, T) -> list:
         """[hi | d_gate | d_up]^T x over all E + 2I rows, then lo^T x over the first E."""
@@ -245,7 +248,7 @@ class _Workspace:
         return cls(d_act=None if plan.act_fused or plan.act_splits > 1 else cp.empty((T, I), bfloat16),
                    act_pieces=None if plan.split_cluster else pieces(plan.act_splits, T, I),
                    dgrad_pieces=None if plan.split_cluster else pieces(plan.dgrad_splits, T, H),
-                   acts=cp.empty((T, _Acts(T, I, E).ld), bfloat16),
+                   acts=cp.empty((T, _Acts(I, E).ld), bfloat16),
                    grl=None if plan.wgrad_fused else cp.empty((T, 2 * E), bfloat16),
                    partial=wgrad_pieces and cp.empty(wgrad_pieces, cp.float32))
 
@@ -348,7 +351,7 @@ def _d_act_gemm(inputs: _Inputs, ws: _Workspace, plan: _Plan) -> dict:
     I = inputs.gate.shape[1]
     common = dict(m=T, n=I, segments=[Segment(inputs.g, H, inputs.wd, I, k=H)], a_kmajor=True,
                   b_kmajor=False, ldc=I)
-    acts = _Acts(T, I, inputs.wr.shape[0])
+    acts = _Acts.of(inputs)
     swiglu = dict(out=None, epilogue="swiglu_backward", engine="sm90",
                   swiglu=SwigluBackward(gate=inputs.gate, up=inputs.up, dg=acts.at(ws.acts, acts.dg),
                                         du=acts.at(ws.acts, acts.du), ld_grad=acts.ld,
@@ -368,7 +371,7 @@ def _finish_d_act(inputs: _Inputs, ws: _Workspace, plan: _Plan, cancel) -> None:
     gate, up = inputs.gate, inputs.up
     T, I = gate.shape
     n = T * I
-    acts = _Acts(T, I, inputs.wr.shape[0])
+    acts = _Acts.of(inputs)
     d_gate_up = [ptr(acts.at(ws.acts, acts.dg)), i32(I), i64(n), i64(acts.ld), ptr(cancel)]
     mod = _build.load_module("sol080.cu")
     if plan.act_splits > 1 and plan.split_cluster:
@@ -386,10 +389,10 @@ _ROUTER_WARPS = 8  # kRouterWarps in sol080.cu: tokens per block
 
 def _grl_at(inputs: _Inputs, ws: _Workspace, plan: _Plan):
     """Where the router kernel writes hi and lo: (row 0's hi, elements per row, lo's offset)."""
-    T, I, E = inputs.g.shape[0], inputs.gate.shape[1], inputs.wr.shape[0]
     if plan.wgrad_fused:
-        acts = _Acts(T, I, E)
+        acts = _Acts.of(inputs)
         return ws.acts, acts.ld, acts.lo  # hi at column 0
+    E = inputs.wr.shape[0]
     return ws.grl, 2 * E, E
 
 
@@ -421,7 +424,7 @@ def _grad_wgu_gemm(inputs: _Inputs, grad_wgu, grad_router, ws: _Workspace, plan:
     all rows plus lo^T x over the router's (module doc)."""
     x = inputs.x
     T, H = x.shape
-    acts = _Acts(T, inputs.gate.shape[1], inputs.wr.shape[0])
+    acts = _Acts.of(inputs)
     common = dict(n=H, a_kmajor=False, b_kmajor=False, out=grad_wgu, ldc=H)
     if plan.wgrad_fused:
         return dict(common, m=acts.E + grad_wgu.shape[0], segments=acts.wgrad_segments(ws.acts, x, H, T),
@@ -435,7 +438,7 @@ def _dgrad_gemm(inputs: _Inputs, grad_h, ws: _Workspace, plan: _Plan) -> dict:
     wr, wg, wu = inputs.wr, inputs.wg, inputs.wu
     T, H = grad_h.shape
     I, E = inputs.gate.shape[1], wr.shape[0]
-    acts = _Acts(T, I, E)
+    acts = _Acts(I, E)
     hi, hi_ld, _ = _grl_at(inputs, ws, plan)
     common = dict(m=T, n=H, segments=[Segment(acts.at(ws.acts, acts.du), acts.ld, wu, H, k=I),
                                       Segment(acts.at(ws.acts, acts.dg), acts.ld, wg, H, k=I),
