@@ -1,4 +1,5 @@
 // The SOL-080 contract's own elementwise and router stages (sol080.md steps 3-4 and 7-10).
+#include "common/hopper.cuh"
 #include "common/topk_check.cuh"
 
 // t = bf16(d_act * up); d_up = bf16(d_act * bf16(silu(gate))); d_gate = bf16(t * sig * (1 + gate (1 - sig))).
@@ -135,22 +136,26 @@ extern "C" __global__ void sum_pieces_bf16(const float* __restrict__ pieces_, in
 // d_up | lo], or [hi | lo]).
 // It sits alone on the call's critical path, so it is written for latency: every load that does
 // not depend on q (the routing row, the first 128 experts' scores and mask) is issued with the
-// grad_output row's, and with K <= 32 the routing row stays in the lanes'
-// registers (shuffles, no reloads).
+// grad_output row's (one bulk copy per warp into shared memory when row_bytes = 2 H > 0), and with
+// K <= 32 the routing row stays in the lanes' registers (shuffles, no reloads), the K terms of c
+// are divided side by side, and G gathers in shared memory instead of an E x K compare loop.
 constexpr int kRouterWarps = 8;
 constexpr int kRouterPrefetch = 4;  // experts per lane whose scores and mask load up front (E <= 128)
 
-__device__ __forceinline__ float sum_squares_bf16x8(uint4 v) {
+// A bf16 pair's halves as fp32 are its bits in place: a shift and a mask, no conversion.
+__device__ __forceinline__ float sum_squares_bf16x8(uint4 v, float s) {
   const u32 w[4] = {v.x, v.y, v.z, v.w};
-  float s = 0.f;
   #pragma unroll
   for (int q = 0; q < 4; ++q) {
-    const float a = bf16_to_f32((bf16_t)(w[q] & 0xffff)), b = bf16_to_f32((bf16_t)(w[q] >> 16));
-    s += a * a + b * b;
+    const float a = __uint_as_float(w[q] << 16), b = __uint_as_float(w[q] & 0xffff0000u);
+    s = fmaf(a, a, s);
+    s = fmaf(b, b, s);
   }
   return s;
 }
 
+// q's sum of squares over a row: per-lane sums in column order, then a fixed butterfly. The row
+// is in shared memory (bulk-copied) or global memory (16-byte loads, or elements).
 __device__ __forceinline__ float row_sum_squares(const bf16_t* __restrict__ row, int H, bool vector16,
                                                  int lane) {
   float sq = 0.f;
@@ -163,9 +168,9 @@ __device__ __forceinline__ float row_sum_squares(const bf16_t* __restrict__ row,
       #pragma unroll
       for (int u = 0; u < 8; ++u) v[u] = row16[c + 32 * u];
       #pragma unroll
-      for (int u = 0; u < 8; ++u) sq += sum_squares_bf16x8(v[u]);
+      for (int u = 0; u < 8; ++u) sq = sum_squares_bf16x8(v[u], sq);
     }
-    for (; c < n16; c += 32) sq += sum_squares_bf16x8(row16[c]);
+    for (; c < n16; c += 32) sq = sum_squares_bf16x8(row16[c], sq);
   } else {
     for (int h = lane; h < H; h += 32) {
       const float v = bf16_to_f32(row[h]);
@@ -206,15 +211,34 @@ extern "C" __global__ void __launch_bounds__(kRouterWarps * 32)
 sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ topk_w,
               const i64* __restrict__ topk_idx, const float* __restrict__ mask,
               const float* __restrict__ scores, int T, int H, int E, int K,
-              bf16_t* __restrict__ hi_rows, int ld, int lo_offset, int* __restrict__ check_scratch,
+              bf16_t* __restrict__ hi_rows, int ld, int lo_offset, int row_bytes, int* __restrict__ check_scratch,
               volatile int* check_report) {
   wait_prior_grids();
   TRACE_SCOPE();
   __shared__ int first_bad[2];
+  __shared__ float G_rows[kRouterWarps][32 * kRouterPrefetch];
+  __shared__ u64 row_landed[kRouterWarps];
+  extern __shared__ __align__(16) u8 rows_smem[];  // row_bytes per warp (0: rows read in place)
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int t = blockIdx.x * kRouterWarps + warp;
+  // The warp's grad_output row in one bulk copy, issued first: all of it in flight at once, and
+  // a block's 8 rows (64 KB at H = 4096) without a register each (per-lane loads kept 4 KB of a
+  // warp in flight and spent its issue slots; bench/NOTES.md v0.11).
+  const bf16_t* g_row = grad_out + (i64)t * H;
+#if __CUDA_ARCH__ >= 900
+  if (row_bytes > 0 && lane == 0) {
+    mbar_init(&row_landed[warp], 1);
+    fence_barrier_init();
+    if (t < T) {
+      mbar_arrive_expect_tx(&row_landed[warp], row_bytes);
+      bulk_load(rows_smem + warp * row_bytes, g_row, row_bytes, &row_landed[warp]);
+    }
+  }
+#else
+  row_bytes = 0;  // (the host passes 0 before Hopper: no bulk copies)
+#endif
   if (threadIdx.x == 0) first_bad[0] = first_bad[1] = kNoRow;
   __syncthreads();
-  const int lane = threadIdx.x % 32;
-  const int t = blockIdx.x * kRouterWarps + threadIdx.x / 32;
   if (t < T) {  // the whole warp: t is the warp's
     const i64 at0 = (i64)t * E;  // row t of scores and mask
     bf16_t* const hi = hi_rows + (i64)t * ld;
@@ -231,8 +255,14 @@ sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ top
       s_pre[j] = e < E ? scores[at0 + e] : 0.f;
       m_pre[j] = e < E ? mask[at0 + e] : 0.f;
     }
-    const float q = row_sum_squares(grad_out + (i64)t * H, H,
-                                    H % 8 == 0 && ((unsigned long long)grad_out & 15) == 0, lane) / (float)K;
+#if __CUDA_ARCH__ >= 900
+    if (row_bytes > 0) {
+      mbar_wait(&row_landed[warp], 0);
+      g_row = (const bf16_t*)(rows_smem + warp * row_bytes);
+    }
+#endif
+    const float q = row_sum_squares(g_row, H, row_bytes > 0 || H % 8 == 0 && ((unsigned long long)grad_out & 15) == 0,
+                                    lane) / (float)K;
 
     // The index check, spread over the lanes: slot k is range-checked and compared with the
     // earlier slots by lane k % 32.
@@ -246,16 +276,38 @@ sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ top
     float S = 0.f;
     for (int k = 0; k < K; ++k) S += r.weight(k);
     S += 1e-20f;
+    // The K terms q w_k / S side by side on the lanes, added in k order.
     float sum = 0.f;
-    for (int k = 0; k < K; ++k) sum += q * r.weight(k) / S;
+    if (K <= 32) {
+      const float term = q * r.lane_w / S;
+      for (int k = 0; k < K; ++k) sum += __shfl_sync(0xffffffffu, term, k);
+    } else {
+      for (int k = 0; k < K; ++k) sum += q * r.weight(k) / S;
+    }
     const float c = (q - sum) / S;
-    #pragma unroll
-    for (int j = 0; j < kRouterPrefetch; ++j) {
-      const int e = lane + 32 * j;
-      float G = 0.f;
-      #pragma unroll 1  // unrolled, ptxas moved the prefetched values to the stack
-      for (int k = 0; k < K; ++k) if (r.expert(k) == e) G += c;  // shuffles: every lane takes part
-      if (e < E) write_grl(G * m_pre[j] * s_pre[j] * (1.f - s_pre[j]), e, hi, lo);
+    if (K <= 32 && E <= 32 * kRouterPrefetch) {
+      // G through the warp's row of shared memory: each slot's lane adds c at its expert (0 + c,
+      // or c + c ... for a repeated expert: the same bits in any order).
+      float* G = G_rows[threadIdx.x / 32];
+      #pragma unroll
+      for (int j = 0; j < kRouterPrefetch; ++j) G[lane + 32 * j] = 0.f;
+      __syncwarp();
+      if (lane < K && r.lane_e >= 0) atomicAdd(&G[r.lane_e], c);
+      __syncwarp();
+      #pragma unroll
+      for (int j = 0; j < kRouterPrefetch; ++j) {
+        const int e = lane + 32 * j;
+        if (e < E) write_grl(G[e] * m_pre[j] * s_pre[j] * (1.f - s_pre[j]), e, hi, lo);
+      }
+    } else {
+      #pragma unroll
+      for (int j = 0; j < kRouterPrefetch; ++j) {
+        const int e = lane + 32 * j;
+        float G = 0.f;
+        #pragma unroll 1  // unrolled, ptxas moved the prefetched values to the stack
+        for (int k = 0; k < K; ++k) if (r.expert(k) == e) G += c;  // shuffles: every lane takes part
+        if (e < E) write_grl(G * m_pre[j] * s_pre[j] * (1.f - s_pre[j]), e, hi, lo);
+      }
     }
     for (int e0 = 32 * kRouterPrefetch; e0 < E; e0 += 32) {  // experts past the prefetched ones
       const int e = e0 + lane;

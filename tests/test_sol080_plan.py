@@ -128,3 +128,16 @@ def test_router_wgrad_rides_in_the_weight_gradient_gemm(plan_of, monkeypatch):
     assert not plan_of(2053, e=6).wgrad_fused
     monkeypatch.setattr(sol080, "FUSED_WGRAD", "0")
     assert not any(plan_of(T).wgrad_fused for T in (2053, 8192))
+
+
+def test_grad_wd_takes_ping_pong_consumers_up_to_4096_tokens(plan_of, monkeypatch):
+    """grad_Wd's reduction is T long: ping-pong consumers (the tile epilogue behind the other
+    warpgroup's main loop) where it is short, cooperative above 4096 tokens; the knob forces
+    either, and it reaches the plan, which keys the call's graph."""
+    from cupy_moe.gpu import sol080
+
+    assert [plan_of(T).wd_pingpong for T in (1, 192, 2053, 4093, 4096, 4097, 6144, 8192)] == [True] * 5 + [False] * 3
+    monkeypatch.setattr(sol080, "WD_PINGPONG", "1")
+    assert plan_of(8192).wd_pingpong
+    monkeypatch.setattr(sol080, "WD_PINGPONG", "0")
+    assert not plan_of(192).wd_pingpong

@@ -303,7 +303,8 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
          gather_a=None, gather_b=None, gather_div: int = 1, engine: str = "auto",
          swiglu: SwigluBackward | None = None, k_splits: int = 1, cancel: int | None = None,
          even_rounds: bool = False, wide: bool = False, sum_groups_and_halves: bool = False,
-         f32_head: tuple | None = None) -> None:
+         f32_head: tuple | None = None, dynamic: bool | None = None,
+         pingpong: bool | None = None) -> None:
     """Launch one GEMM on the current stream.
 
     grouping='m': rows are experts' segments group_offsets[g]:group_offsets[g+1] of m total rows,
@@ -338,6 +339,8 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     Segment.m): rows [0, rows) of the result go to out2 as fp32 (leading dimension ld2), the rest
     to out as bf16 from its row 0 (two results of one reduction over the same B: SOL-080's router
     weight gradient above [grad_Wg; grad_Wu]).
+    dynamic, pingpong (None: DYNAMIC_TILES, PINGPONG decide): this launch's tile claims and
+    ping-pong consumers, for plans that choose them per GEMM (the same bits either way).
 
     A launch's parameter block depends only on addresses and sizes, so it is built once per
     distinct call and replayed from a cache afterwards (repeated calls on the same buffers, as a
@@ -356,7 +359,7 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
            m, n, a_kmajor, b_kmajor, opt(out), ldc, epilogue, grouping, opt(group_offsets),
            num_groups, c_group_stride, opt(gather_a), opt(gather_b), gather_div, engine, k_splits,
            cancel, even_rounds, wide, sum_groups_and_halves,
-           None if f32_head is None else (_addr(f32_head[0]),) + tuple(f32_head[1:]),
+           None if f32_head is None else (_addr(f32_head[0]),) + tuple(f32_head[1:]), dynamic, pingpong,
            tuple((_addr(s.a), s.lda, _addr(s.b), s.ldb, s.k, s.b_group_stride, s.m) for s in segments),
            None if sw is None else tuple(opt(a) for a in (sw.gate, sw.up, sw.dg, sw.du, sw.act,
                                                          sw.weights, sw.row_index, sw.aw, sw.dw))
@@ -385,7 +388,7 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
         launch = _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping,
                           group_offsets, num_groups, c_group_stride, gather_a, gather_b,
                           gather_div, engine, sw, cancel, k_splits, even_rounds, wide,
-                          sum_groups_and_halves, f32_head)
+                          sum_groups_and_halves, f32_head, dynamic, pingpong)
         if len(_prepared) >= 1024:
             _prepared.clear()
         _prepared[key] = launch
@@ -442,7 +445,7 @@ class _Launch:
 def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, group_offsets,
              num_groups, c_group_stride, gather_a, gather_b, gather_div, engine, sw,
              cancel=None, k_splits=1, even_rounds=False, wide=False, halves=False,
-             f32_head=None) -> _Launch:
+             f32_head=None, dynamic=None, pingpong=None) -> _Launch:
     p = GemmParams()
     p.cancel = cancel or 0
     for i, s in enumerate(segments):
@@ -473,7 +476,7 @@ def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, g
         if why is None:
             return _prepare_sm90(p, segments, m, n, grouping, num_groups,
                                  dict(flags, ROW_SPLIT=f32_head is not None), k_splits, even_rounds,
-                                 wide, halves)
+                                 wide, halves, dynamic, pingpong)
         if engine == "sm90":
             raise ValueError(f"the sm90 GEMM does not apply: {why}")
     if sw is not None and (sw.contract_rounding or sw.ld_grad):
@@ -527,14 +530,14 @@ def even_round_ctas(tiles: int, sms: int) -> int:
 
 
 def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
-                  even_rounds=False, wide=False, halves=False) -> _Launch:
+                  even_rounds=False, wide=False, halves=False, dynamic=None, pingpong=None) -> _Launch:
     sms = device_sms()
     m_tiles = cdiv(m, Sm90Config.BM) + (num_groups if grouping == "m" else 0)
     c_tma = (flags["EPILOGUE"] == EPILOGUES["bf16"] and p.ldc % 8 == 0 and p.c_group_stride % 8 == 0)
     c_rows = m - p.c2_rows  # the bf16 result's rows (all of them without a row split)
-    if PINGPONG == "auto":
+    if pingpong is None and PINGPONG == "auto":
         pingpong = grouping == "k" and not wide_tiles_pay(n, GROUPINGS[grouping])
-    else:
+    elif pingpong is None:
         pingpong = bool(PINGPONG)
     # Split-K pieces summed in the kernel (bf16 / SwiGLU results), or K-groups and row halves
     # (sum_groups_and_halves): a cluster per output tile.
@@ -544,7 +547,9 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
     staged = not pingpong and not cluster and _epilogue_staged(p, n, flags)
     # Claims need a counter pair of the launch's own (none is made inside a stream capture: that
     # launch keeps the static order). A cluster's CTAs take one tile each, their rank's: no claims.
-    claims = not cluster and (DYNAMIC_TILES == "all" or DYNAMIC_TILES == "grouped" and grouping != "none")
+    if dynamic is None:
+        dynamic = DYNAMIC_TILES == "all" or DYNAMIC_TILES == "grouped" and grouping != "none"
+    claims = dynamic and not cluster
     counter = _tile_counter() if claims else 0
     flags = dict(flags, DYNAMIC=counter != 0, SEG_ROWS=any(s.m for s in segments))
     cfg = Sm90Config.choose(m_tiles * k_splits, n, sms, num_groups if grouping == "m" else 0,

@@ -76,6 +76,15 @@ FUSED_WGRAD = os.environ.get("CUPY_MOE_SOL080_FUSED_WGRAD", "auto")
 # (gemm.SPLIT_CLUSTER), instead of through global memory and the sum kernels: 1.5-5 us slower at
 # T <= 384 (bench/NOTES.md v0.9).
 SPLIT_CLUSTER = os.environ.get("CUPY_MOE_SOL080_SPLIT_CLUSTER", "0") != "0"
+# grad_Wd = g^T act (K = T) on ping-pong consumers, whose tile epilogue hides behind the other
+# warpgroup's main loop: "auto" up to _WD_PINGPONG_MAX_T tokens (-1..-6 us at T <= 4093, +10..16
+# at 6144 / 8192, where its 128 x 128 tiles' longer reductions lose to the cooperative form; bench/
+# NOTES.md v0.11), "1" always, "0" never. The same bits either way.
+WD_PINGPONG = os.environ.get("CUPY_MOE_SOL080_WD_PINGPONG", "auto")
+_WD_PINGPONG_MAX_T = 4096
+# A/B only: 0 has the router kernel's lanes load their grad_output rows in place instead of one
+# bulk copy per warp into shared memory.
+ROUTER_BULK = os.environ.get("CUPY_MOE_SOL080_ROUTER_BULK", "1") != "0"
 _side = {}  # (device, stream) -> _Side
 
 
@@ -143,6 +152,8 @@ class _Plan:
     wgrad_cluster: bool = True            # router.summed_in_the_gemm: its knobs, E and T
     act_wide: bool = False                # WIDE_D_ACT applied: plain 128 x 256 d_act (A/B)
     wgrad_fused: bool = True              # the router wgrad in the grad_[Wg; Wu] GEMM (FUSED_WGRAD)
+    wd_pingpong: bool = False             # grad_Wd on ping-pong consumers (WD_PINGPONG)
+    router_bulk: bool = True              # ROUTER_BULK (A/B)
 
     @classmethod
     def of(cls, g, x, wr, wg, wu, wd, gate):
@@ -180,7 +191,9 @@ class _Plan:
                    router_beside=router_beside, even_rounds=EVEN_ROUNDS, wgrad_at=WGRAD_AT,
                    wgrad_stacked=router.STACKED, split_cluster=gemm_module.SPLIT_CLUSTER and SPLIT_CLUSTER,
                    wgrad_cluster=router.summed_in_the_gemm(T, E),
-                   act_wide=act_wide, wgrad_fused=wgrad_fused)
+                   act_wide=act_wide, wgrad_fused=wgrad_fused,
+                   wd_pingpong=WD_PINGPONG == "1" or WD_PINGPONG == "auto" and T <= _WD_PINGPONG_MAX_T,
+                   router_bulk=ROUTER_BULK)
 
 
 @dataclass(frozen=True)
@@ -288,6 +301,8 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
     wgu_grad = _grad_wgu_gemm(inputs, grad_wgu, grad_router, ws, plan)
     for kwargs in (wd_grad, dgrad, wgu_grad):
         kwargs["cancel"] = cancel
+    if plan.wd_pingpong:
+        wd_grad["pingpong"] = True
     # d_act reads no routing: beside the router kernel (which runs the check) it cannot wait for
     # the verdict, and does not need to; after it, it reads the verdict like the rest.
     d_act["cancel"] = None if plan.router_beside else cancel
@@ -297,7 +312,8 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
             kwargs["even_rounds"] = True
     main = cp.cuda.get_current_stream()
     side = _Side.of(main) if CONCURRENT else None
-    router_kernel = lambda: _router_kernel(inputs, *_grl_at(inputs, ws, plan), check.kernel_args)
+    router_kernel = lambda: _router_kernel(inputs, *_grl_at(inputs, ws, plan), check.kernel_args,
+                                           bulk=plan.router_bulk)
     if not plan.router_beside:
         router_kernel()  # first: the index check every launch reads
     if side is not None:
@@ -385,6 +401,7 @@ def _finish_d_act(inputs: _Inputs, ws: _Workspace, plan: _Plan, cancel) -> None:
 
 
 _ROUTER_WARPS = 8  # kRouterWarps in sol080.cu: tokens per block
+_ROUTER_BULK_MAX_H = 6144  # the router's rows in shared memory up to 8 x 12 KB per block
 
 
 def _grl_at(inputs: _Inputs, ws: _Workspace, plan: _Plan):
@@ -396,17 +413,22 @@ def _grl_at(inputs: _Inputs, ws: _Workspace, plan: _Plan):
     return ws.grl, 2 * E, E
 
 
-def _router_kernel(inputs: _Inputs, hi, ld: int, lo_offset: int, check_args) -> None:
+def _router_kernel(inputs: _Inputs, hi, ld: int, lo_offset: int, check_args, bulk: bool = True) -> None:
     """bf16(grl) and its remainder (steps 7-10): hi(t) at hi + t * ld, lo(t) lo_offset past it;
     and the top-k index check (check_args: its scratch and report,
     validate.topk_check_in_kernel; None when there are no rows)."""
     a = inputs
     T, H = a.g.shape
     E, K = a.wr.shape[0], a.idx.shape[1]
+    # Each warp bulk-copies its grad_output row into shared memory where the copy's alignment
+    # allows it and a block's rows fit (H <= 6144); else the lanes load it in place.
+    bulk = bulk and int(cp.cuda.Device().compute_capability) >= 90
+    row_bytes = 2 * H if bulk and H % 8 == 0 and a.g.data.ptr % 16 == 0 and H <= _ROUTER_BULK_MAX_H else 0
     _launch.launch(_build.load_module("sol080.cu"), "sol080_router", (cdiv(T, _ROUTER_WARPS),),
                    (32 * _ROUTER_WARPS,),
                    [ptr(a.g), ptr(a.tw), ptr(a.idx), ptr(a.mask), ptr(a.scores), i32(T), i32(H),
-                    i32(E), i32(K), ptr(hi), i32(ld), i32(lo_offset)] + (check_args or [ptr(None), ptr(None)]))
+                    i32(E), i32(K), ptr(hi), i32(ld), i32(lo_offset), i32(row_bytes)]
+                   + (check_args or [ptr(None), ptr(None)]), shared_mem=_ROUTER_WARPS * row_bytes)
 
 
 def _grad_wd_gemm(inputs: _Inputs, grad_wd) -> dict:
