@@ -221,9 +221,9 @@ sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ top
   extern __shared__ __align__(16) u8 rows_smem[];  // row_bytes per warp (0: rows read in place)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int t = blockIdx.x * kRouterWarps + warp;
-  // The warp's grad_output row in one bulk copy, issued first: all of it in flight at once, and
-  // a block's 8 rows (64 KB at H = 4096) without a register each (per-lane loads kept 4 KB of a
-  // warp in flight and spent its issue slots; bench/NOTES.md v0.11).
+  // row_bytes > 0 (A/B, sol080.ROUTER_BULK): the warp's grad_output row in one bulk copy into
+  // shared memory, issued first. Measured no faster than the lanes' loads: a block's 64 KB of
+  // rows cut the blocks per SM from 5 to 3 (bench/NOTES.md v0.11).
   const bf16_t* g_row = grad_out + (i64)t * H;
 #if __CUDA_ARCH__ >= 900
   if (row_bytes > 0 && lane == 0) {

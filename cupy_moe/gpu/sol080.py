@@ -82,9 +82,12 @@ SPLIT_CLUSTER = os.environ.get("CUPY_MOE_SOL080_SPLIT_CLUSTER", "0") != "0"
 # NOTES.md v0.11), "1" always, "0" never. The same bits either way.
 WD_PINGPONG = os.environ.get("CUPY_MOE_SOL080_WD_PINGPONG", "auto")
 _WD_PINGPONG_MAX_T = 4096
-# A/B only: 0 has the router kernel's lanes load their grad_output rows in place instead of one
-# bulk copy per warp into shared memory.
-ROUTER_BULK = os.environ.get("CUPY_MOE_SOL080_ROUTER_BULK", "1") != "0"
+# A/B only: 1 has each warp of the router kernel bulk-copy its grad_output row into shared memory
+# instead of its lanes loading it in place (call 3: no faster; the 64 KB per block cut the blocks
+# per SM from 5 to 3, and beside d_act at T = 8192 it ran 20 us past it); and grad_[Wg; Wu] on
+# ping-pong consumers at every T.
+ROUTER_BULK = os.environ.get("CUPY_MOE_SOL080_ROUTER_BULK", "0") != "0"
+WGU_PINGPONG = os.environ.get("CUPY_MOE_SOL080_WGU_PINGPONG", "0") != "0"
 _side = {}  # (device, stream) -> _Side
 
 
@@ -153,7 +156,8 @@ class _Plan:
     act_wide: bool = False                # WIDE_D_ACT applied: plain 128 x 256 d_act (A/B)
     wgrad_fused: bool = True              # the router wgrad in the grad_[Wg; Wu] GEMM (FUSED_WGRAD)
     wd_pingpong: bool = False             # grad_Wd on ping-pong consumers (WD_PINGPONG)
-    router_bulk: bool = True              # ROUTER_BULK (A/B)
+    router_bulk: bool = False             # ROUTER_BULK (A/B)
+    wgu_pingpong: bool = False            # WGU_PINGPONG (A/B)
 
     @classmethod
     def of(cls, g, x, wr, wg, wu, wd, gate):
@@ -193,7 +197,7 @@ class _Plan:
                    wgrad_cluster=router.summed_in_the_gemm(T, E),
                    act_wide=act_wide, wgrad_fused=wgrad_fused,
                    wd_pingpong=WD_PINGPONG == "1" or WD_PINGPONG == "auto" and T <= _WD_PINGPONG_MAX_T,
-                   router_bulk=ROUTER_BULK)
+                   router_bulk=ROUTER_BULK, wgu_pingpong=WGU_PINGPONG)
 
 
 @dataclass(frozen=True)
@@ -303,6 +307,8 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
         kwargs["cancel"] = cancel
     if plan.wd_pingpong:
         wd_grad["pingpong"] = True
+    if plan.wgu_pingpong:
+        wgu_grad["pingpong"] = True
     # d_act reads no routing: beside the router kernel (which runs the check) it cannot wait for
     # the verdict, and does not need to; after it, it reads the verdict like the rest.
     d_act["cancel"] = None if plan.router_beside else cancel
@@ -413,7 +419,7 @@ def _grl_at(inputs: _Inputs, ws: _Workspace, plan: _Plan):
     return ws.grl, 2 * E, E
 
 
-def _router_kernel(inputs: _Inputs, hi, ld: int, lo_offset: int, check_args, bulk: bool = True) -> None:
+def _router_kernel(inputs: _Inputs, hi, ld: int, lo_offset: int, check_args, bulk: bool = False) -> None:
     """bf16(grl) and its remainder (steps 7-10): hi(t) at hi + t * ld, lo(t) lo_offset past it;
     and the top-k index check (check_args: its scratch and report,
     validate.topk_check_in_kernel; None when there are no rows)."""
