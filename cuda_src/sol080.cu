@@ -1,5 +1,4 @@
 // The SOL-080 contract's own elementwise and router stages (sol080.md steps 3-4 and 7-10).
-#include "common/hopper.cuh"
 #include "common/topk_check.cuh"
 
 // t = bf16(d_act * up); d_up = bf16(d_act * bf16(silu(gate))); d_gate = bf16(t * sig * (1 + gate (1 - sig))).
@@ -136,9 +135,10 @@ extern "C" __global__ void sum_pieces_bf16(const float* __restrict__ pieces_, in
 // d_up | lo], or [hi | lo]).
 // It sits alone on the call's critical path, so it is written for latency: every load that does
 // not depend on q (the routing row, the first 128 experts' scores and mask) is issued with the
-// grad_output row's (one bulk copy per warp into shared memory when row_bytes = 2 H > 0), and with
-// K <= 32 the routing row stays in the lanes' registers (shuffles, no reloads), the K terms of c
-// are divided side by side, and G gathers in shared memory instead of an E x K compare loop.
+// grad_output row's, and with K <= 32 the routing row stays in the lanes' registers (shuffles,
+// no reloads), the K terms of c are divided side by side, and G gathers in shared memory instead
+// of an E x K compare loop. (Rows bulk-copied into shared memory measured no faster: a block's
+// 64 KB cut the blocks per SM from 5 to 3; bench/NOTES.md v0.11.)
 constexpr int kRouterWarps = 8;
 constexpr int kRouterPrefetch = 4;  // experts per lane whose scores and mask load up front (E <= 128)
 
@@ -154,8 +154,6 @@ __device__ __forceinline__ float sum_squares_bf16x8(uint4 v, float s) {
   return s;
 }
 
-// q's sum of squares over a row: per-lane sums in column order, then a fixed butterfly. The row
-// is in shared memory (bulk-copied) or global memory (16-byte loads, or elements).
 __device__ __forceinline__ float row_sum_squares(const bf16_t* __restrict__ row, int H, bool vector16,
                                                  int lane) {
   float sq = 0.f;
@@ -211,34 +209,16 @@ extern "C" __global__ void __launch_bounds__(kRouterWarps * 32)
 sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ topk_w,
               const i64* __restrict__ topk_idx, const float* __restrict__ mask,
               const float* __restrict__ scores, int T, int H, int E, int K,
-              bf16_t* __restrict__ hi_rows, int ld, int lo_offset, int row_bytes, int* __restrict__ check_scratch,
+              bf16_t* __restrict__ hi_rows, int ld, int lo_offset, int* __restrict__ check_scratch,
               volatile int* check_report) {
   wait_prior_grids();
   TRACE_SCOPE();
   __shared__ int first_bad[2];
   __shared__ float G_rows[kRouterWarps][32 * kRouterPrefetch];
-  __shared__ u64 row_landed[kRouterWarps];
-  extern __shared__ __align__(16) u8 rows_smem[];  // row_bytes per warp (0: rows read in place)
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int t = blockIdx.x * kRouterWarps + warp;
-  // row_bytes > 0 (A/B, sol080.ROUTER_BULK): the warp's grad_output row in one bulk copy into
-  // shared memory, issued first. Measured no faster than the lanes' loads: a block's 64 KB of
-  // rows cut the blocks per SM from 5 to 3 (bench/NOTES.md v0.11).
-  const bf16_t* g_row = grad_out + (i64)t * H;
-#if __CUDA_ARCH__ >= 900
-  if (row_bytes > 0 && lane == 0) {
-    mbar_init(&row_landed[warp], 1);
-    fence_barrier_init();
-    if (t < T) {
-      mbar_arrive_expect_tx(&row_landed[warp], row_bytes);
-      bulk_load(rows_smem + warp * row_bytes, g_row, row_bytes, &row_landed[warp]);
-    }
-  }
-#else
-  row_bytes = 0;  // (the host passes 0 before Hopper: no bulk copies)
-#endif
   if (threadIdx.x == 0) first_bad[0] = first_bad[1] = kNoRow;
   __syncthreads();
+  const int lane = threadIdx.x % 32;
+  const int t = blockIdx.x * kRouterWarps + threadIdx.x / 32;
   if (t < T) {  // the whole warp: t is the warp's
     const i64 at0 = (i64)t * E;  // row t of scores and mask
     bf16_t* const hi = hi_rows + (i64)t * ld;
@@ -255,14 +235,8 @@ sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ top
       s_pre[j] = e < E ? scores[at0 + e] : 0.f;
       m_pre[j] = e < E ? mask[at0 + e] : 0.f;
     }
-#if __CUDA_ARCH__ >= 900
-    if (row_bytes > 0) {
-      mbar_wait(&row_landed[warp], 0);
-      g_row = (const bf16_t*)(rows_smem + warp * row_bytes);
-    }
-#endif
-    const float q = row_sum_squares(g_row, H, row_bytes > 0 || H % 8 == 0 && ((unsigned long long)grad_out & 15) == 0,
-                                    lane) / (float)K;
+    const float q = row_sum_squares(grad_out + (i64)t * H, H,
+                                    H % 8 == 0 && ((unsigned long long)grad_out & 15) == 0, lane) / (float)K;
 
     // The index check, spread over the lanes: slot k is range-checked and compared with the
     // earlier slots by lane k % 32.

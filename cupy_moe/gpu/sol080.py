@@ -82,11 +82,8 @@ SPLIT_CLUSTER = os.environ.get("CUPY_MOE_SOL080_SPLIT_CLUSTER", "0") != "0"
 # NOTES.md v0.11), "1" always, "0" never. The same bits either way.
 WD_PINGPONG = os.environ.get("CUPY_MOE_SOL080_WD_PINGPONG", "auto")
 _WD_PINGPONG_MAX_T = 4096
-# A/B only: 1 has each warp of the router kernel bulk-copy its grad_output row into shared memory
-# instead of its lanes loading it in place (call 3: no faster; the 64 KB per block cut the blocks
-# per SM from 5 to 3, and beside d_act at T = 8192 it ran 20 us past it); and grad_[Wg; Wu] on
-# ping-pong consumers at every T.
-ROUTER_BULK = os.environ.get("CUPY_MOE_SOL080_ROUTER_BULK", "0") != "0"
+# A/B only: grad_[Wg; Wu] on ping-pong consumers at every T (-1..-2 us at T <= 512, +5..65 above
+# in one run; bench/NOTES.md v0.11).
 WGU_PINGPONG = os.environ.get("CUPY_MOE_SOL080_WGU_PINGPONG", "0") != "0"
 _side = {}  # (device, stream) -> _Side
 
@@ -156,7 +153,6 @@ class _Plan:
     act_wide: bool = False                # WIDE_D_ACT applied: plain 128 x 256 d_act (A/B)
     wgrad_fused: bool = True              # the router wgrad in the grad_[Wg; Wu] GEMM (FUSED_WGRAD)
     wd_pingpong: bool = False             # grad_Wd on ping-pong consumers (WD_PINGPONG)
-    router_bulk: bool = False             # ROUTER_BULK (A/B)
     wgu_pingpong: bool = False            # WGU_PINGPONG (A/B)
 
     @classmethod
@@ -197,7 +193,7 @@ class _Plan:
                    wgrad_cluster=router.summed_in_the_gemm(T, E),
                    act_wide=act_wide, wgrad_fused=wgrad_fused,
                    wd_pingpong=WD_PINGPONG == "1" or WD_PINGPONG == "auto" and T <= _WD_PINGPONG_MAX_T,
-                   router_bulk=ROUTER_BULK, wgu_pingpong=WGU_PINGPONG)
+                   wgu_pingpong=WGU_PINGPONG)
 
 
 @dataclass(frozen=True)
@@ -318,8 +314,7 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
             kwargs["even_rounds"] = True
     main = cp.cuda.get_current_stream()
     side = _Side.of(main) if CONCURRENT else None
-    router_kernel = lambda: _router_kernel(inputs, *_grl_at(inputs, ws, plan), check.kernel_args,
-                                           bulk=plan.router_bulk)
+    router_kernel = lambda: _router_kernel(inputs, *_grl_at(inputs, ws, plan), check.kernel_args)
     if not plan.router_beside:
         router_kernel()  # first: the index check every launch reads
     if side is not None:
@@ -407,7 +402,6 @@ def _finish_d_act(inputs: _Inputs, ws: _Workspace, plan: _Plan, cancel) -> None:
 
 
 _ROUTER_WARPS = 8  # kRouterWarps in sol080.cu: tokens per block
-_ROUTER_BULK_MAX_H = 6144  # the router's rows in shared memory up to 8 x 12 KB per block
 
 
 def _grl_at(inputs: _Inputs, ws: _Workspace, plan: _Plan):
@@ -419,22 +413,17 @@ def _grl_at(inputs: _Inputs, ws: _Workspace, plan: _Plan):
     return ws.grl, 2 * E, E
 
 
-def _router_kernel(inputs: _Inputs, hi, ld: int, lo_offset: int, check_args, bulk: bool = False) -> None:
+def _router_kernel(inputs: _Inputs, hi, ld: int, lo_offset: int, check_args) -> None:
     """bf16(grl) and its remainder (steps 7-10): hi(t) at hi + t * ld, lo(t) lo_offset past it;
     and the top-k index check (check_args: its scratch and report,
     validate.topk_check_in_kernel; None when there are no rows)."""
     a = inputs
     T, H = a.g.shape
     E, K = a.wr.shape[0], a.idx.shape[1]
-    # Each warp bulk-copies its grad_output row into shared memory where the copy's alignment
-    # allows it and a block's rows fit (H <= 6144); else the lanes load it in place.
-    bulk = bulk and int(cp.cuda.Device().compute_capability) >= 90
-    row_bytes = 2 * H if bulk and H % 8 == 0 and a.g.data.ptr % 16 == 0 and H <= _ROUTER_BULK_MAX_H else 0
     _launch.launch(_build.load_module("sol080.cu"), "sol080_router", (cdiv(T, _ROUTER_WARPS),),
                    (32 * _ROUTER_WARPS,),
                    [ptr(a.g), ptr(a.tw), ptr(a.idx), ptr(a.mask), ptr(a.scores), i32(T), i32(H),
-                    i32(E), i32(K), ptr(hi), i32(ld), i32(lo_offset), i32(row_bytes)]
-                   + (check_args or [ptr(None), ptr(None)]), shared_mem=_ROUTER_WARPS * row_bytes)
+                    i32(E), i32(K), ptr(hi), i32(ld), i32(lo_offset)] + (check_args or [ptr(None), ptr(None)]))
 
 
 def _grad_wd_gemm(inputs: _Inputs, grad_wd) -> dict:
