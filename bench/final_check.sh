@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # A short device check for a session's last call (~8 min): the GPU suite in three shards with the
 # four compute-sanitizers beside them (tests/device_check.sh's first half), then SOL-080's 16
-# workloads, this tree's plan and the router wgrad as its own GEMM interleaved, then the tree in
-# _old/ (an earlier commit, carried) for a same-machine reference.
-# Usage (device): bash bench/final_check.sh; logs under ${OUT:-/tmp}
+# workloads under this tree's plan and the variants in AB_VARIANTS (default: the router wgrad as
+# its own GEMM) interleaved, then the tree in _old/ (an earlier commit, carried) for a same-machine
+# reference.
+# Usage (device): [AB_VARIANTS="base wdpp=0"] bash bench/final_check.sh; logs under ${OUT:-/tmp}
 cd "$(dirname "$0")/.."
 export PYTHONPATH=. CUPY_MOE_CACHE_DIR=${CUPY_MOE_CACHE_DIR:-/tmp/cupy_moe_cache} PYTHONUNBUFFERED=1
 out=${OUT:-/tmp}
@@ -20,8 +21,8 @@ wait
 for s in gemm layer rest; do echo "== shard $s"; grep -E "passed|failed|error|exit" "$out/suite-$s.txt" | grep -v "^\." | tail -3; done
 cat "$out/sanitize-summary.txt"
 {
-  echo "== SOL-080: this tree (base) / router wgrad as its own GEMM (fwgrad=0)"
-  timeout 150 python3 bench/ab_sol080_plans.py --rounds 1 base fwgrad=0 2>&1
+  echo "== SOL-080: this tree, ${AB_VARIANTS:=base fwgrad=0}"
+  timeout 150 python3 bench/ab_sol080_plans.py --rounds 1 $AB_VARIANTS 2>&1
   if [ -d _old ]; then
     echo "== SOL-080 at the reference tree _old/"
     (cd _old && PYTHONPATH=. timeout 90 python3 bench/ab_sol080_plans.py --rounds 1 base 2>&1)
