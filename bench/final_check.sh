@@ -10,7 +10,7 @@ export PYTHONPATH=. CUPY_MOE_CACHE_DIR=${CUPY_MOE_CACHE_DIR:-/tmp/cupy_moe_cache
 out=${OUT:-/tmp}
 shard() {
   local name=$1; shift
-  timeout 270 python3 -m pytest -q -p no:cacheprovider -m "gpu or slow" -k "not wheel" "$@" > "$out/suite-$name.txt" 2>&1
+  timeout ${SHARD_TIMEOUT:-270} python3 -m pytest -q -p no:cacheprovider -m "gpu or slow" -k "not wheel" "$@" > "$out/suite-$name.txt" 2>&1
   echo "shard $name exit $?" >> "$out/suite-$name.txt"
 }
 shard gemm tests/test_gpu_gemm.py &
