@@ -8,7 +8,7 @@ cluster=0|1 (gemm.SPLIT_CLUSTER: every in-GEMM cluster sum), scluster=0|1 (sol08
 d_act's and the dgrad's), rcluster=0|1 (router.SUM_IN_GEMM: the router wgrad's), packed=0|1 (gemm.Sm90Config.PACKED_CONTRACT through
 CONFIG_OVERRIDE: the same bits), wide=0|1 (sol080.WIDE_D_ACT), dyn=grouped|all|none
 (gemm.DYNAMIC_TILES: the same bits), fwgrad=auto|0|1 (sol080.FUSED_WGRAD), wdpp=auto|0|1
-(sol080.WD_PINGPONG), wgupp=0|1 (sol080.WGU_PINGPONG); "base" is the defaults, e.g.
+(sol080.WD_PINGPONG), wgupp=auto|0|1 (sol080.WGU_PINGPONG); "base" is the defaults, e.g.
 `python bench/ab_sol080_plans.py base even=wgu wgrad=side-early pdl=0`.
 Usage (device): PYTHONPATH=. python bench/ab_sol080_plans.py [--reps 20] [--T 192,8192] VARIANT...
 """
@@ -55,7 +55,7 @@ def main():
         gemm.DYNAMIC_TILES = knobs.pop("dyn", "grouped")
         sol080.FUSED_WGRAD = knobs.pop("fwgrad", "auto")
         sol080.WD_PINGPONG = knobs.pop("wdpp", "auto")
-        sol080.WGU_PINGPONG = knobs.pop("wgupp", "0") != "0"
+        sol080.WGU_PINGPONG = knobs.pop("wgupp", "auto")
         assert not knobs, f"unknown knobs {knobs}"
 
     def arith():  # the knobs that change the order of an fp32 sum or the SwiGLU kernel

@@ -141,3 +141,13 @@ def test_grad_wd_takes_ping_pong_consumers_up_to_4096_tokens(plan_of, monkeypatc
     assert plan_of(8192).wd_pingpong
     monkeypatch.setattr(sol080, "WD_PINGPONG", "0")
     assert not plan_of(192).wd_pingpong
+
+
+def test_grad_wgu_takes_ping_pong_consumers_up_to_512_tokens(plan_of, monkeypatch):
+    from cupy_moe.gpu import sol080
+
+    assert [plan_of(T).wgu_pingpong for T in (1, 192, 512, 513, 2053, 8192)] == [True] * 3 + [False] * 3
+    monkeypatch.setattr(sol080, "WGU_PINGPONG", "1")
+    assert plan_of(8192).wgu_pingpong
+    monkeypatch.setattr(sol080, "WGU_PINGPONG", "0")
+    assert not plan_of(192).wgu_pingpong

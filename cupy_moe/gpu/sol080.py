@@ -82,9 +82,11 @@ SPLIT_CLUSTER = os.environ.get("CUPY_MOE_SOL080_SPLIT_CLUSTER", "0") != "0"
 # NOTES.md v0.11), "1" always, "0" never. The same bits either way.
 WD_PINGPONG = os.environ.get("CUPY_MOE_SOL080_WD_PINGPONG", "auto")
 _WD_PINGPONG_MAX_T = 4096
-# A/B only: grad_[Wg; Wu] on ping-pong consumers at every T (-1..-2 us at T <= 512, +5..65 above
-# in one run; bench/NOTES.md v0.11).
-WGU_PINGPONG = os.environ.get("CUPY_MOE_SOL080_WGU_PINGPONG", "0") != "0"
+# grad_[Wg; Wu] = [d_gate | d_up]^T x (K = T) likewise: "auto" up to _WGU_PINGPONG_MAX_T tokens
+# (-1..-2 us at each T <= 512 in two runs; +5..65 us above, where its 128 x 256 cooperative tiles
+# win; bench/NOTES.md v0.11), "1" always, "0" never.
+WGU_PINGPONG = os.environ.get("CUPY_MOE_SOL080_WGU_PINGPONG", "auto")
+_WGU_PINGPONG_MAX_T = 512
 _side = {}  # (device, stream) -> _Side
 
 
@@ -153,7 +155,7 @@ class _Plan:
     act_wide: bool = False                # WIDE_D_ACT applied: plain 128 x 256 d_act (A/B)
     wgrad_fused: bool = True              # the router wgrad in the grad_[Wg; Wu] GEMM (FUSED_WGRAD)
     wd_pingpong: bool = False             # grad_Wd on ping-pong consumers (WD_PINGPONG)
-    wgu_pingpong: bool = False            # WGU_PINGPONG (A/B)
+    wgu_pingpong: bool = False            # grad_[Wg; Wu] on ping-pong consumers (WGU_PINGPONG)
 
     @classmethod
     def of(cls, g, x, wr, wg, wu, wd, gate):
@@ -193,7 +195,7 @@ class _Plan:
                    wgrad_cluster=router.summed_in_the_gemm(T, E),
                    act_wide=act_wide, wgrad_fused=wgrad_fused,
                    wd_pingpong=WD_PINGPONG == "1" or WD_PINGPONG == "auto" and T <= _WD_PINGPONG_MAX_T,
-                   wgu_pingpong=WGU_PINGPONG)
+                   wgu_pingpong=WGU_PINGPONG == "1" or WGU_PINGPONG == "auto" and T <= _WGU_PINGPONG_MAX_T)
 
 
 @dataclass(frozen=True)
