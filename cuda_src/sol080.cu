@@ -142,9 +142,12 @@ extern "C" __global__ void sum_pieces_bf16(const float* __restrict__ pieces_, in
 constexpr int kRouterWarps = 8;
 constexpr int kRouterPrefetch = 4;  // experts per lane whose scores and mask load up front (E <= 128)
 
-// A bf16 pair's halves as fp32 are its bits in place: a shift and a mask, no conversion.
-__device__ __forceinline__ float sum_squares_bf16x8(uint4 v, float s) {
+// A bf16 pair's halves as fp32 are its bits in place: a shift and a mask, no conversion. Each
+// 16-byte chunk sums on its own (short dependency chains: a chunk's math does not hold back the
+// next loads).
+__device__ __forceinline__ float sum_squares_bf16x8(uint4 v) {
   const u32 w[4] = {v.x, v.y, v.z, v.w};
+  float s = 0.f;
   #pragma unroll
   for (int q = 0; q < 4; ++q) {
     const float a = __uint_as_float(w[q] << 16), b = __uint_as_float(w[q] & 0xffff0000u);
@@ -166,9 +169,9 @@ __device__ __forceinline__ float row_sum_squares(const bf16_t* __restrict__ row,
       #pragma unroll
       for (int u = 0; u < 8; ++u) v[u] = row16[c + 32 * u];
       #pragma unroll
-      for (int u = 0; u < 8; ++u) sq = sum_squares_bf16x8(v[u], sq);
+      for (int u = 0; u < 8; ++u) sq += sum_squares_bf16x8(v[u]);
     }
-    for (; c < n16; c += 32) sq = sum_squares_bf16x8(row16[c], sq);
+    for (; c < n16; c += 32) sq += sum_squares_bf16x8(row16[c]);
   } else {
     for (int h = lane; h < H; h += 32) {
       const float v = bf16_to_f32(row[h]);
