@@ -135,24 +135,18 @@ extern "C" __global__ void sum_pieces_bf16(const float* __restrict__ pieces_, in
 // d_up | lo], or [hi | lo]).
 // It sits alone on the call's critical path, so it is written for latency: every load that does
 // not depend on q (the routing row, the first 128 experts' scores and mask) is issued with the
-// grad_output row's, and with K <= 32 the routing row stays in the lanes' registers (shuffles,
-// no reloads), the K terms of c are divided side by side, and G gathers in shared memory instead
-// of an E x K compare loop. (Rows bulk-copied into shared memory measured no faster: a block's
-// 64 KB cut the blocks per SM from 5 to 3; bench/NOTES.md v0.11.)
+// grad_output row's, and with K <= 32 the routing row stays in the lanes'
+// registers (shuffles, no reloads).
 constexpr int kRouterWarps = 8;
 constexpr int kRouterPrefetch = 4;  // experts per lane whose scores and mask load up front (E <= 128)
 
-// A bf16 pair's halves as fp32 are its bits in place: a shift and a mask, no conversion. Each
-// 16-byte chunk sums on its own (short dependency chains: a chunk's math does not hold back the
-// next loads).
 __device__ __forceinline__ float sum_squares_bf16x8(uint4 v) {
   const u32 w[4] = {v.x, v.y, v.z, v.w};
   float s = 0.f;
   #pragma unroll
   for (int q = 0; q < 4; ++q) {
-    const float a = __uint_as_float(w[q] << 16), b = __uint_as_float(w[q] & 0xffff0000u);
-    s = fmaf(a, a, s);
-    s = fmaf(b, b, s);
+    const float a = bf16_to_f32((bf16_t)(w[q] & 0xffff)), b = bf16_to_f32((bf16_t)(w[q] >> 16));
+    s += a * a + b * b;
   }
   return s;
 }
@@ -217,7 +211,6 @@ sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ top
   wait_prior_grids();
   TRACE_SCOPE();
   __shared__ int first_bad[2];
-  __shared__ float G_rows[kRouterWarps][32 * kRouterPrefetch];
   if (threadIdx.x == 0) first_bad[0] = first_bad[1] = kNoRow;
   __syncthreads();
   const int lane = threadIdx.x % 32;
@@ -253,38 +246,16 @@ sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ top
     float S = 0.f;
     for (int k = 0; k < K; ++k) S += r.weight(k);
     S += 1e-20f;
-    // The K terms q w_k / S side by side on the lanes, added in k order.
     float sum = 0.f;
-    if (K <= 32) {
-      const float term = q * r.lane_w / S;
-      for (int k = 0; k < K; ++k) sum += __shfl_sync(0xffffffffu, term, k);
-    } else {
-      for (int k = 0; k < K; ++k) sum += q * r.weight(k) / S;
-    }
+    for (int k = 0; k < K; ++k) sum += q * r.weight(k) / S;
     const float c = (q - sum) / S;
-    if (K <= 32 && E <= 32 * kRouterPrefetch) {
-      // G through the warp's row of shared memory: each slot's lane adds c at its expert (0 + c,
-      // or c + c ... for a repeated expert: the same bits in any order).
-      float* G = G_rows[threadIdx.x / 32];
-      #pragma unroll
-      for (int j = 0; j < kRouterPrefetch; ++j) G[lane + 32 * j] = 0.f;
-      __syncwarp();
-      if (lane < K && r.lane_e >= 0) atomicAdd(&G[r.lane_e], c);
-      __syncwarp();
-      #pragma unroll
-      for (int j = 0; j < kRouterPrefetch; ++j) {
-        const int e = lane + 32 * j;
-        if (e < E) write_grl(G[e] * m_pre[j] * s_pre[j] * (1.f - s_pre[j]), e, hi, lo);
-      }
-    } else {
-      #pragma unroll
-      for (int j = 0; j < kRouterPrefetch; ++j) {
-        const int e = lane + 32 * j;
-        float G = 0.f;
-        #pragma unroll 1  // unrolled, ptxas moved the prefetched values to the stack
-        for (int k = 0; k < K; ++k) if (r.expert(k) == e) G += c;  // shuffles: every lane takes part
-        if (e < E) write_grl(G * m_pre[j] * s_pre[j] * (1.f - s_pre[j]), e, hi, lo);
-      }
+    #pragma unroll
+    for (int j = 0; j < kRouterPrefetch; ++j) {
+      const int e = lane + 32 * j;
+      float G = 0.f;
+      #pragma unroll 1  // unrolled, ptxas moved the prefetched values to the stack
+      for (int k = 0; k < K; ++k) if (r.expert(k) == e) G += c;  // shuffles: every lane takes part
+      if (e < E) write_grl(G * m_pre[j] * s_pre[j] * (1.f - s_pre[j]), e, hi, lo);
     }
     for (int e0 = 32 * kRouterPrefetch; e0 < E; e0 += 32) {  // experts past the prefetched ones
       const int e = e0 + lane;

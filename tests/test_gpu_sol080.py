@@ -220,7 +220,7 @@ def test_router_kernel_writes_the_contracts_router_terms_bitwise(T, H, E, K):
     grad_router_weight is made of, grl, its bf16 split) must then agree bit for bit, at the
     routed experts and as zeros elsewhere. Unnormalised weights and a random mask make the
     residue non-zero in many rows. The shapes take the kernel's paths: 16-byte rows or not,
-    K <= 32 in registers or not, E up to 128 prefetched (G in shared memory) or more."""
+    K <= 32 in registers or not, E up to 128 prefetched or more."""
     import cupy as cp
     from cupy_moe import validate
     from cupy_moe.gpu import sol080 as gpu_sol080
