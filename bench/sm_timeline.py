@@ -3,7 +3,8 @@
 anything is built). One traced call after warm-up (its CUDA graph replayed, as the benchmark's
 calls are; L2 flushed first), then per launch its blocks, SMs and span, and for the call: how
 many SMs were busy in each time slice, and the idle SM time in all.
-Usage (device): PYTHONPATH=. python bench/sm_timeline.py [--bin 5] [T ...]   (default 1879 8192)"""
+With --layer, the same for the full GLM-4.5-Air layer's backward (moe_backward, eager) at each T.
+Usage (device): PYTHONPATH=. python bench/sm_timeline.py [--bin 5] [--layer] [T ...]   (default 1879 8192)"""
 import argparse
 import os
 
@@ -99,9 +100,26 @@ def main():
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", type=float, default=5.0)
+    ap.add_argument("--layer", action="store_true")
     ap.add_argument("T", nargs="*", type=int, default=[1879, 8192])
     args = ap.parse_args()
     flush = cp.empty(256 << 20, cp.uint8)
+    if args.layer:
+        from cupy_moe.testing import make_moe_inputs
+
+        cfg = cupy_moe.MoEConfig.glm45_air()
+        for T in args.T:
+            _, ctx = cupy_moe.moe_forward(**make_moe_inputs(cfg, T, seed=0, xp=cp), config=cfg)
+            dy = make_moe_inputs(cfg, T, seed=1, xp=cp)["hidden_states"]
+            for _ in range(2):
+                cupy_moe.moe_backward(dy, ctx)
+            cp.cuda.Device().synchronize()
+            flush.fill(1)
+            reset()
+            cupy_moe.moe_backward(dy, ctx)
+            print(f"\n== layer backward T = {T}")
+            report(collect(), device_sms(), args.bin)
+        return
     for T in args.T:
         a = list(make_sol080_inputs(T, seed=T, xp=cp).values())
         for _ in range(3):  # eager, captured, replayed: the traced call is a replay
