@@ -8,7 +8,8 @@ cluster=0|1 (gemm.SPLIT_CLUSTER: every in-GEMM cluster sum), scluster=0|1 (sol08
 d_act's and the dgrad's), rcluster=0|1 (router.SUM_IN_GEMM: the router wgrad's), packed=0|1 (gemm.Sm90Config.PACKED_CONTRACT through
 CONFIG_OVERRIDE: the same bits), wide=0|1 (sol080.WIDE_D_ACT), dyn=grouped|all|none
 (gemm.DYNAMIC_TILES: the same bits), fwgrad=auto|0|1 (sol080.FUSED_WGRAD), wdpp=auto|0|1
-(sol080.WD_PINGPONG), wgupp=auto|0|1 (sol080.WGU_PINGPONG); "base" is the defaults, e.g.
+(sol080.WD_PINGPONG), wgupp=auto|0|1 (sol080.WGU_PINGPONG), wdt=auto|0|1
+(sol080.WD_TRANSPOSED); "base" is the defaults, e.g.
 `python bench/ab_sol080_plans.py base even=wgu wgrad=side-early pdl=0`.
 Usage (device): PYTHONPATH=. python bench/ab_sol080_plans.py [--reps 20] [--T 192,8192] VARIANT...
 """
@@ -56,11 +57,12 @@ def main():
         sol080.FUSED_WGRAD = knobs.pop("fwgrad", "auto")
         sol080.WD_PINGPONG = knobs.pop("wdpp", "auto")
         sol080.WGU_PINGPONG = knobs.pop("wgupp", "auto")
+        sol080.WD_TRANSPOSED = knobs.pop("wdt", "auto")
         assert not knobs, f"unknown knobs {knobs}"
 
     def arith():  # the knobs that change the order of an fp32 sum or the SwiGLU kernel
         return (router.STACKED, sol080.WIDE_D_ACT, gemm.SPLIT_CLUSTER, sol080.SPLIT_CLUSTER,
-                router.SUM_IN_GEMM, sol080.FUSED_WGRAD, sol080.WD_PINGPONG, sol080.WGU_PINGPONG)
+                router.SUM_IN_GEMM, sol080.FUSED_WGRAD, sol080.WD_PINGPONG, sol080.WGU_PINGPONG, sol080.WD_TRANSPOSED)
 
     table = {v: [] for v in args.variants}
     print(f"{'T':>6} " + " ".join(f"{v:>16}" for v in args.variants))

@@ -422,3 +422,50 @@ def test_f32_head_and_a_segment_of_the_first_rows(head, rows, n, k):
     assert not np.isnan(got2).any() and not np.isnan(got).any()
     assert relative_error(got2, full[:head]) < 1e-4  # fp32 out of fp32 accumulators
     assert relative_error(got, full[head:]) < 1e-2
+
+
+@pytest.mark.parametrize("m,n,k,grouped,pingpong", [
+    (1408, 4096, 200, False, False),  # SOL-080's grad_Wd as (act^T g)^T: 11 x 16 tiles of 128 x 256
+    (296, 520, 72, False, False),     # partial tiles along both edges
+    (296, 520, 72, False, True),      # ping-pong consumers (two 64-row blocks per warpgroup)
+    (136, 264, 0, True, False)])      # K-grouped with empty groups (the layer's dWd)
+def test_out_transposed(m, n, k, grouped, pingpong):
+    """gemm(out_transposed): element (r, c) of the product at out[c * ldc + r], staged by
+    stmatrix.trans and stored by TMA. Against NumPy, every element written, the row padding
+    (ldc > m) and empty groups' zeros as they should be."""
+    import cupy as cp
+    from cupy_moe.gpu.gemm import Segment, gemm
+
+    rng = np.random.default_rng(m + n + k)
+    ldc = (m + 7) // 8 * 8 + 8
+    kw = dict(engine="sm90", pingpong=pingpong, out_transposed=True, a_kmajor=False, b_kmajor=False)
+    if grouped:
+        G, L = 5, 211
+        offs = _groups(rng, G, L, empty=(1, 4))
+        A, B = _bf16(rng, L, m), _bf16(rng, L, n)
+        ref = np.stack([_f(A[offs[g]:offs[g + 1]]).T @ _f(B[offs[g]:offs[g + 1]]) for g in range(G)])
+        out = cp.full((G, n, ldc), np.nan, bfloat16)
+        gemm(m=m, n=n, segments=[Segment(cp.asarray(A), m, cp.asarray(B), n, k=L)], out=out, ldc=ldc,
+             c_group_stride=n * ldc, grouping="k", group_offsets=cp.asarray(offs), num_groups=G, **kw)
+        got = out.get().astype(np.float32)
+        assert not got[1, :, :m].any() and not got[4, :, :m].any()
+        assert relative_error(got[:, :, :m], ref.transpose(0, 2, 1)) < 1e-2
+    else:
+        A, B = _bf16(rng, k, m), _bf16(rng, k, n)
+        ref = _f(A).T @ _f(B)
+        out = cp.full((n, ldc), np.nan, bfloat16)
+        gemm(m=m, n=n, segments=[Segment(cp.asarray(A), m, cp.asarray(B), n, k=k)], out=out, ldc=ldc, **kw)
+        got = out.get().astype(np.float32)
+        assert relative_error(got[:, :m], ref.T) < 1e-2
+    assert np.isnan(got[..., m:]).all()  # the padding past m is never written
+
+
+def test_out_transposed_refuses_what_it_cannot_store():
+    import cupy as cp
+    from cupy_moe.gpu.gemm import Segment, gemm
+
+    a, b = cp.zeros((64, 128), bfloat16), cp.zeros((64, 256), bfloat16)
+    out = cp.zeros((256, 128), cp.float32)
+    with pytest.raises(ValueError, match="out_transposed"):
+        gemm(m=128, n=256, segments=[Segment(a, 128, b, 256, k=64)], a_kmajor=False, b_kmajor=False,
+             out=out, ldc=128, epilogue="f32", out_transposed=True)

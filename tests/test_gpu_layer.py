@@ -103,3 +103,14 @@ def test_zero_tokens():
     assert g.hidden_states.shape == (0, cfg.hidden_size)
     for f in g._fields[1:]:
         assert not getattr(g, f).astype(cp.float32).any(), f
+
+
+@pytest.mark.parametrize("name,T,routing", [("aligned", 333, "random"), ("aligned", 64, "one_expert"),
+                                            ("grouped", 7, "random")])
+def test_dwd_stored_transposed(name, T, routing, monkeypatch):
+    """The A/B path CUPY_MOE_LAYER_DWD_TRANSPOSED: each expert's dWd as (aw^T dy)^T, stored
+    transposed, against the reference (empty experts' zeros included); odd widths fall back."""
+    from cupy_moe.gpu import layer
+
+    monkeypatch.setattr(layer, "DWD_TRANSPOSED", True)
+    _check(SMALL[name], T, routing, seed=T)

@@ -151,3 +151,13 @@ def test_grad_wgu_takes_ping_pong_consumers_up_to_512_tokens(plan_of, monkeypatc
     assert plan_of(8192).wgu_pingpong
     monkeypatch.setattr(sol080, "WGU_PINGPONG", "0")
     assert not plan_of(192).wgu_pingpong
+
+
+def test_grad_wd_transposed_where_it_is_not_on_ping_pong_consumers(plan_of, monkeypatch):
+    from cupy_moe.gpu import sol080
+
+    assert [plan_of(T).wd_transposed for T in (192, 4096, 4097, 8192)] == [False, False, True, True]
+    monkeypatch.setattr(sol080, "WD_TRANSPOSED", "0")
+    assert not plan_of(8192).wd_transposed
+    monkeypatch.setattr(sol080, "WD_TRANSPOSED", "1")
+    assert plan_of(192).wd_transposed

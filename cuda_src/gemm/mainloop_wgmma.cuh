@@ -86,6 +86,8 @@ struct Plan {
   static_assert(!PINGPONG || Cfg::BN <= 128, "a ping-pong warpgroup holds 128 x BN accumulators");
   static_assert(MAX_SEGMENTS >= 1, "segments");
   static_assert(!Cfg::C_TMA || Cfg::EPILOGUE == kStoreBf16, "TMA stores carry bf16 results");
+  static_assert(!Cfg::C_TRANS || (Cfg::C_TMA && Cfg::GROUPING != kMGrouped && !Cfg::ROW_SPLIT),
+                "a transposed result leaves by TMA stores only (every tile whole)");
   static_assert(Cfg::EPILOGUE != kSwigluBackward || Cfg::GROUPING != kKGrouped, "row epilogue");
   static_assert(PRODUCER_REGS * PRODUCER_THREADS + CONSUMER_REGS * 128 * CONSUMER_WARPGROUPS <= 65536, "regs");
   // setmaxnreg moves registers within the CTA's launch allocation (168 each at 384 threads):
@@ -623,6 +625,24 @@ __device__ __forceinline__ void store_tile_tma(const GemmSm90Params& P, const Ti
   named_barrier(2 + wg, 128);
   #pragma unroll
   for (int b = 0; b < HV; ++b) {
+    if constexpr (Cfg::C_TRANS) {
+      // C^T: sub-tile a holds columns 64 a .. 64 a + 63 as its 64 rows of 128 bytes (this block's
+      // 64 result rows, 16-byte chunk c of row h at c ^ (h % 8)), written by stmatrix.trans: two
+      // column blocks of 8 x the warp's two 8-row halves per instruction. Lane L gives the address
+      // of column 8 (j + L / 16) + L % 8, rows 16 warp + 8 (L / 8 % 2) ...
+      const int q = lane / 8, hq = lane % 8;
+      #pragma unroll
+      for (int j = 0; j < Cfg::BN / 8; j += 2) {
+        const int col = 8 * (j + q / 2) + hq, chunk = 2 * warp + q % 2;
+        const u32 dst = smem_addr(staging + (b * ATOMS + col / 64) * (64 * 128) + (col % 64) * 128 +
+                                  ((chunk ^ (col % 8)) << 4));
+        stmatrix_x4_trans(dst, pack_bf16x2(acc[b][4 * j], acc[b][4 * j + 1]),
+                          pack_bf16x2(acc[b][4 * j + 2], acc[b][4 * j + 3]),
+                          pack_bf16x2(acc[b][4 * j + 4], acc[b][4 * j + 5]),
+                          pack_bf16x2(acc[b][4 * j + 6], acc[b][4 * j + 7]));
+      }
+      continue;
+    }
     #pragma unroll
     for (int j = 0; j < Cfg::BN / 8; ++j) {
       #pragma unroll
@@ -640,9 +660,13 @@ __device__ __forceinline__ void store_tile_tma(const GemmSm90Params& P, const Ti
     #pragma unroll
     for (int b = 0; b < HV; ++b)
       #pragma unroll
-      for (int a = 0; a < ATOMS; ++a)
-        tma_store_3d(&P.tma_c, staging + (b * ATOMS + a) * (64 * 128), tc.n0 + 64 * a,
-                     tc.m0 + row_off + 64 * b - (Cfg::ROW_SPLIT ? P.base.c2_rows : 0), group);
+      for (int a = 0; a < ATOMS; ++a) {
+        const int row = tc.m0 + row_off + 64 * b - (Cfg::ROW_SPLIT ? P.base.c2_rows : 0), col = tc.n0 + 64 * a;
+        if constexpr (Cfg::C_TRANS)  // the map is C^T's: (result rows, result columns) = (its columns, rows)
+          tma_store_3d(&P.tma_c, staging + (b * ATOMS + a) * (64 * 128), row, col, group);
+        else
+          tma_store_3d(&P.tma_c, staging + (b * ATOMS + a) * (64 * 128), col, row, group);
+      }
     bulk_commit();
   }
 }

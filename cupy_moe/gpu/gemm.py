@@ -176,6 +176,7 @@ class Sm90Config:
     ROW_SPLIT: bool = False  # the result's first rows as fp32 elsewhere (gemm(f32_head))
     SEG_ROWS: bool = False  # segments with rows of their own (Segment.m), a rotated tile order
     DYNAMIC: bool = False  # tiles claimed as the CTAs go (DYNAMIC_TILES; GemmParams.tile_counter)
+    C_TRANS: bool = False  # the result stored transposed (gemm(out_transposed)), by TMA
 
     BM = 128
     BK = 64
@@ -304,7 +305,7 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
          swiglu: SwigluBackward | None = None, k_splits: int = 1, cancel: int | None = None,
          even_rounds: bool = False, wide: bool = False, sum_groups_and_halves: bool = False,
          f32_head: tuple | None = None, dynamic: bool | None = None,
-         pingpong: bool | None = None) -> None:
+         pingpong: bool | None = None, out_transposed: bool = False) -> None:
     """Launch one GEMM on the current stream.
 
     grouping='m': rows are experts' segments group_offsets[g]:group_offsets[g+1] of m total rows,
@@ -341,6 +342,11 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     weight gradient above [grad_Wg; grad_Wu]).
     dynamic, pingpong (None: DYNAMIC_TILES, PINGPONG decide): this launch's tile claims and
     ping-pong consumers, for plans that choose them per GEMM (the same bits either way).
+    out_transposed (epilogue 'bf16', ungrouped or K-grouped; the Hopper loop with 16-byte aligned
+    rows only, else ValueError): out holds the result transposed, element (r, c) at
+    out[c * ldc + r] (+ g * c_group_stride). A product whose rows tile better than its columns
+    (grad_Wd = (act^T g)^T: 1408 rows in 11 tiles of 128, 4096 columns in 16 of 256) keeps wide
+    tiles without padding.
 
     A launch's parameter block depends only on addresses and sizes, so it is built once per
     distinct call and replayed from a cache afterwards (repeated calls on the same buffers, as a
@@ -360,6 +366,7 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
            num_groups, c_group_stride, opt(gather_a), opt(gather_b), gather_div, engine, k_splits,
            cancel, even_rounds, wide, sum_groups_and_halves,
            None if f32_head is None else (_addr(f32_head[0]),) + tuple(f32_head[1:]), dynamic, pingpong,
+           out_transposed,
            tuple((_addr(s.a), s.lda, _addr(s.b), s.ldb, s.k, s.b_group_stride, s.m) for s in segments),
            None if sw is None else tuple(opt(a) for a in (sw.gate, sw.up, sw.dg, sw.du, sw.act,
                                                          sw.weights, sw.row_index, sw.aw, sw.dw))
@@ -388,7 +395,7 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
         launch = _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping,
                           group_offsets, num_groups, c_group_stride, gather_a, gather_b,
                           gather_div, engine, sw, cancel, k_splits, even_rounds, wide,
-                          sum_groups_and_halves, f32_head, dynamic, pingpong)
+                          sum_groups_and_halves, f32_head, dynamic, pingpong, out_transposed)
         if len(_prepared) >= 1024:
             _prepared.clear()
         _prepared[key] = launch
@@ -445,7 +452,7 @@ class _Launch:
 def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, group_offsets,
              num_groups, c_group_stride, gather_a, gather_b, gather_div, engine, sw,
              cancel=None, k_splits=1, even_rounds=False, wide=False, halves=False,
-             f32_head=None, dynamic=None, pingpong=None) -> _Launch:
+             f32_head=None, dynamic=None, pingpong=None, out_transposed=False) -> _Launch:
     p = GemmParams()
     p.cancel = cancel or 0
     for i, s in enumerate(segments):
@@ -470,6 +477,15 @@ def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, g
     flags = dict(A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor, GATHER_A=gather_a is not None,
                  GATHER_B=gather_b is not None, GROUPING=GROUPINGS[grouping],
                  EPILOGUE=EPILOGUES[epilogue])
+    if out_transposed:
+        why = (_sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stride,
+                                 flags["GATHER_A"], flags["GATHER_B"]) if engine != "mma" else "the mma engine")
+        if why is None and not (epilogue == "bf16" and grouping in ("none", "k") and k_splits == 1 and
+                                f32_head is None and ldc % 8 == 0 and c_group_stride % 8 == 0):
+            why = "a transposed result needs bf16 TMA stores (ungrouped or K-grouped, rows of 8)"
+        if why is not None:
+            raise ValueError(f"out_transposed does not apply: {why}")
+        flags["C_TRANS"] = True
     if engine != "mma":
         why = _sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stride,
                                 flags["GATHER_A"], flags["GATHER_B"])
@@ -562,8 +578,10 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
     P.base.tile_counter = counter
     if c_tma:
         c_groups = num_groups if grouping == "k" else 1
-        encode_bf16(P.tma_c, p.c, (n, c_rows, c_groups),
-                    (p.ldc, p.c_group_stride if c_groups > 1 else p.ldc * c_rows), (64, 64, 1))
+        # The map is the stored array's: C's, or with C_TRANS C^T's (n rows of m).
+        cols, rows = (m, n) if cfg.C_TRANS else (n, c_rows)
+        encode_bf16(P.tma_c, p.c, (cols, rows, c_groups),
+                    (p.ldc, p.c_group_stride if c_groups > 1 else p.ldc * rows), (64, 64, 1))
     copy_a, copy_b = cfg.GATHER_A, cfg.GATHER_B
     groups = num_groups if grouping == "m" else 1
     for i, s in enumerate(segments):
@@ -744,4 +762,12 @@ def example_sm90_configs():
     out.append(Sm90Config.choose(64, 4096, 132, 0, False, C_TMA=True, DYNAMIC=True))
     out.append(Sm90Config.choose(64, 1408, 132, 0, False, A_KMAJOR=True, B_KMAJOR=False, EPILOGUE=3,
                                  E_STAGED=True, DYNAMIC=True))
+    # Transposed results (gemm(out_transposed)): SOL-080's grad_Wd as (act^T g)^T in 128 x 256
+    # tiles, the layer's K-grouped dWd the same way, and a ping-pong one.
+    out.append(Sm90Config.choose(11, 4096, 132, 0, False, A_KMAJOR=False, B_KMAJOR=False, C_TMA=True,
+                                 C_TRANS=True))
+    out.append(Sm90Config.choose(11, 4096, 132, 0, False, A_KMAJOR=False, B_KMAJOR=False, C_TMA=True,
+                                 C_TRANS=True, GROUPING=2, DYNAMIC=True))
+    out.append(Sm90Config.choose(11, 4096, 132, 0, True, A_KMAJOR=False, B_KMAJOR=False, C_TMA=True,
+                                 C_TRANS=True))
     return out

@@ -7,14 +7,20 @@ expert, backward_tail (router and shared expert) on the tokens' side again.
 """
 from __future__ import annotations
 
+import os
+
 import cupy as cp
 
 from .._arrays import bfloat16
 from ..context import MoEContext, MoEGradients
 from . import elementwise, router, routing
-from .gemm import Segment, SwigluBackward, gemm
+from .gemm import Segment, SwigluBackward, gemm, sm90_applies
 
 MAX_GROUPS = 64  # the top-k kernel passes the kept groups as a 64-bit mask
+# A/B (not yet measured): each expert's dWd [H, I] as (aw^T dy)^T, stored transposed
+# (gemm(out_transposed)): I = 1408 rows in 11 tiles of 128 and H = 4096 columns in 16 of 256,
+# instead of 128 x 256 tiles over n = 1408 whose last column is half empty.
+DWD_TRANSPOSED = os.environ.get("CUPY_MOE_LAYER_DWD_TRANSPOSED", "0") != "0"
 
 
 def check_config(config) -> None:
@@ -61,8 +67,13 @@ def experts_backward(x_rows, dy_rows, gate, up, act, offsets, num_experts, wg, w
          **m_grouped)
     # Weight gradients: each expert reduces over its own rows (empty experts write zeros).
     d_down_w = cp.empty((E, H, I), bfloat16)
-    gemm(m=H, n=I, segments=[Segment(dy_rows, H, aw, I, k=N)], a_kmajor=False, b_kmajor=False,
-         out=d_down_w, ldc=I, c_group_stride=H * I, **k_grouped)
+    transposed = [Segment(aw, I, dy_rows, H, k=N)]
+    if DWD_TRANSPOSED and I % 8 == 0 and sm90_applies(I, H, transposed, False, False, d_down_w, I):
+        gemm(m=I, n=H, segments=transposed, a_kmajor=False, b_kmajor=False, out=d_down_w, ldc=I,
+             c_group_stride=H * I, out_transposed=True, **k_grouped)
+    else:
+        gemm(m=H, n=I, segments=[Segment(dy_rows, H, aw, I, k=N)], a_kmajor=False, b_kmajor=False,
+             out=d_down_w, ldc=I, c_group_stride=H * I, **k_grouped)
     del aw
     d_gate_w, d_up_w = cp.empty((E, I, H), bfloat16), cp.empty((E, I, H), bfloat16)
     for d, out in ((dg, d_gate_w), (du, d_up_w)):

@@ -87,6 +87,10 @@ _WD_PINGPONG_MAX_T = 4096
 # win; bench/NOTES.md v0.11), "1" always, "0" never.
 WGU_PINGPONG = os.environ.get("CUPY_MOE_SOL080_WGU_PINGPONG", "auto")
 _WGU_PINGPONG_MAX_T = 512
+# grad_Wd as (act^T g)^T, stored transposed (gemm(out_transposed)): I = 1408 rows in 11 tiles of
+# 128, H = 4096 columns in 16 of 256, where grad_Wd itself takes 128 x 128 tiles (n = 1408 is no
+# multiple of 256). "auto": where grad_Wd is not on ping-pong consumers; "1" always; "0" never.
+WD_TRANSPOSED = os.environ.get("CUPY_MOE_SOL080_WD_TRANSPOSED", "auto")
 _side = {}  # (device, stream) -> _Side
 
 
@@ -156,6 +160,7 @@ class _Plan:
     wgrad_fused: bool = True              # the router wgrad in the grad_[Wg; Wu] GEMM (FUSED_WGRAD)
     wd_pingpong: bool = False             # grad_Wd on ping-pong consumers (WD_PINGPONG)
     wgu_pingpong: bool = False            # grad_[Wg; Wu] on ping-pong consumers (WGU_PINGPONG)
+    wd_transposed: bool = False           # grad_Wd as (act^T g)^T where that applies (WD_TRANSPOSED)
 
     @classmethod
     def of(cls, g, x, wr, wg, wu, wd, gate):
@@ -195,7 +200,9 @@ class _Plan:
                    wgrad_cluster=router.summed_in_the_gemm(T, E),
                    act_wide=act_wide, wgrad_fused=wgrad_fused,
                    wd_pingpong=WD_PINGPONG == "1" or WD_PINGPONG == "auto" and T <= _WD_PINGPONG_MAX_T,
-                   wgu_pingpong=WGU_PINGPONG == "1" or WGU_PINGPONG == "auto" and T <= _WGU_PINGPONG_MAX_T)
+                   wgu_pingpong=WGU_PINGPONG == "1" or WGU_PINGPONG == "auto" and T <= _WGU_PINGPONG_MAX_T,
+                   wd_transposed=WD_TRANSPOSED == "1" or WD_TRANSPOSED == "auto" and not (
+                       WD_PINGPONG == "1" or WD_PINGPONG == "auto" and T <= _WD_PINGPONG_MAX_T))
 
 
 @dataclass(frozen=True)
@@ -298,12 +305,12 @@ def sol080_backward(g, x, wr, bias, logits, scores, idx, tw, mask, wg, wu, wd, g
 def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> None:
     grad_h, grad_router, grad_wgu, grad_wd = outputs
     cancel = check.cancel
-    d_act, wd_grad = _d_act_gemm(inputs, ws, plan), _grad_wd_gemm(inputs, grad_wd)
+    d_act, wd_grad = _d_act_gemm(inputs, ws, plan), _grad_wd_gemm(inputs, grad_wd, plan)
     dgrad = _dgrad_gemm(inputs, grad_h, ws, plan)
     wgu_grad = _grad_wgu_gemm(inputs, grad_wgu, grad_router, ws, plan)
     for kwargs in (wd_grad, dgrad, wgu_grad):
         kwargs["cancel"] = cancel
-    if plan.wd_pingpong:
+    if plan.wd_pingpong and not wd_grad.get("out_transposed"):
         wd_grad["pingpong"] = True
     if plan.wgu_pingpong:
         wgu_grad["pingpong"] = True
@@ -428,11 +435,16 @@ def _router_kernel(inputs: _Inputs, hi, ld: int, lo_offset: int, check_args) -> 
                     i32(E), i32(K), ptr(hi), i32(ld), i32(lo_offset)] + (check_args or [ptr(None), ptr(None)]))
 
 
-def _grad_wd_gemm(inputs: _Inputs, grad_wd) -> dict:
-    """grad_Wd = g^T act (step 2)."""
+def _grad_wd_gemm(inputs: _Inputs, grad_wd, plan: _Plan) -> dict:
+    """grad_Wd = g^T act (step 2), or with plan.wd_transposed (act^T g)^T where the Hopper loop
+    takes it (16-byte aligned rows)."""
     g, act = inputs.g, inputs.act
     T, H = g.shape
     I = act.shape[1]
+    transposed = [Segment(act, I, g, H, k=T)]
+    if plan.wd_transposed and I % 8 == 0 and sm90_applies(I, H, transposed, False, False, grad_wd, I):
+        return dict(m=I, n=H, segments=transposed, a_kmajor=False, b_kmajor=False, out=grad_wd, ldc=I,
+                    out_transposed=True)
     return dict(m=H, n=I, segments=[Segment(g, H, act, I, k=T)], a_kmajor=False, b_kmajor=False,
                 out=grad_wd, ldc=I)
 

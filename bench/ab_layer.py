@@ -1,0 +1,56 @@
+"""A/B of the layer backward's knobs in one process: each variant interleaved over --rounds, L2
+flushed, median of --reps (ms); each variant's gradients against the first's (relative error).
+A variant is a comma list of knob=value: dwdt=0|1 (gpu.layer.DWD_TRANSPOSED); "base" is the
+defaults. Usage (device): PYTHONPATH=. python bench/ab_layer.py [--T 8192] [--reps 10] base dwdt=1"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+from benchmark import timer  # noqa: E402
+
+
+def main():
+    import cupy as cp
+
+    import cupy_moe
+    from cupy_moe.gpu import layer
+    from cupy_moe.testing import make_moe_inputs, relative_error
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--T", type=int, default=8192)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("variants", nargs="+")
+    args = ap.parse_args()
+
+    def use(variant):
+        knobs = dict(kv.split("=") for kv in variant.split(",") if kv != "base")
+        layer.DWD_TRANSPOSED = knobs.pop("dwdt", "0") != "0"
+        assert not knobs, f"unknown knobs {knobs}"
+
+    cfg = cupy_moe.MoEConfig.glm45_air()
+    _, ctx = cupy_moe.moe_forward(**make_moe_inputs(cfg, args.T, seed=0, xp=cp), config=cfg)
+    dy = make_moe_inputs(cfg, args.T, seed=1, xp=cp)["hidden_states"]
+    measure = timer(args.reps)
+    first = None
+    for v in args.variants:
+        use(v)
+        g = cupy_moe.moe_backward(dy, ctx)
+        if first is None:
+            first = g
+        worst = max(relative_error(a, b) for a, b in zip(g, first) if a is not None)
+        print(f"{v}: worst relative error against {args.variants[0]}: {worst:.2e}")
+        assert worst < 1e-2
+    times = {v: [] for v in args.variants}
+    for _ in range(args.rounds):
+        for v in args.variants:
+            use(v)
+            times[v].append(measure(lambda: cupy_moe.moe_backward(dy, ctx), warmup=2) / 1e3)
+    print(f"layer backward T = {args.T}, ms (median of {args.reps} per round):")
+    for v, t in times.items():
+        print(f"  {v:>16}: " + " ".join(f"{x:8.3f}" for x in t))
+
+
+if __name__ == "__main__":
+    main()
