@@ -108,8 +108,9 @@ def test_zero_tokens():
 @pytest.mark.parametrize("name,T,routing", [("aligned", 333, "random"), ("aligned", 64, "one_expert"),
                                             ("grouped", 7, "random")])
 def test_dwd_stored_transposed(name, T, routing, monkeypatch):
-    """The A/B path CUPY_MOE_LAYER_DWD_TRANSPOSED: each expert's dWd as (aw^T dy)^T, stored
-    transposed, against the reference (empty experts' zeros included); odd widths fall back."""
+    """CUPY_MOE_LAYER_DWD_TRANSPOSED=1: each expert's dWd as (aw^T dy)^T, stored transposed,
+    against the reference, empty experts' zeros included (the "grouped" config's I = 24 takes
+    it too)."""
     from cupy_moe.gpu import layer
 
     monkeypatch.setattr(layer, "DWD_TRANSPOSED", True)

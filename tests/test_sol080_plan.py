@@ -153,11 +153,11 @@ def test_grad_wgu_takes_ping_pong_consumers_up_to_512_tokens(plan_of, monkeypatc
     assert not plan_of(192).wgu_pingpong
 
 
-def test_grad_wd_transposed_where_it_is_not_on_ping_pong_consumers(plan_of, monkeypatch):
+def test_grad_wd_transposed_from_7168_tokens(plan_of, monkeypatch):
     from cupy_moe.gpu import sol080
 
-    assert [plan_of(T).wd_transposed for T in (192, 4096, 4097, 8192)] == [False, False, True, True]
-    monkeypatch.setattr(sol080, "WD_TRANSPOSED", "0")
-    assert not plan_of(8192).wd_transposed
+    assert not plan_of(8192).wd_transposed  # off by default
+    monkeypatch.setattr(sol080, "WD_TRANSPOSED", "auto")
+    assert [plan_of(T).wd_transposed for T in (192, 4097, 6144, 7168, 8192)] == [False] * 3 + [True] * 2
     monkeypatch.setattr(sol080, "WD_TRANSPOSED", "1")
     assert plan_of(192).wd_transposed

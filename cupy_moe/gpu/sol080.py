@@ -89,8 +89,12 @@ WGU_PINGPONG = os.environ.get("CUPY_MOE_SOL080_WGU_PINGPONG", "auto")
 _WGU_PINGPONG_MAX_T = 512
 # grad_Wd as (act^T g)^T, stored transposed (gemm(out_transposed)): I = 1408 rows in 11 tiles of
 # 128, H = 4096 columns in 16 of 256, where grad_Wd itself takes 128 x 128 tiles (n = 1408 is no
-# multiple of 256). "auto": where grad_Wd is not on ping-pong consumers; "1" always; "0" never.
-WD_TRANSPOSED = os.environ.get("CUPY_MOE_SOL080_WD_TRANSPOSED", "auto")
+# multiple of 256). "auto": from _WD_TRANSPOSED_MIN_T tokens (T = 8192: -5.6 / -7.3 us in two
+# runs; T = 6144: +27 / +26, its 176 long tiles in 1.33 rounds fitting the call worse than 352 in
+# 2.67; bench/NOTES.md v0.11); "1" always; "0" (the default until the whole GPU suite has run
+# with "auto") never.
+WD_TRANSPOSED = os.environ.get("CUPY_MOE_SOL080_WD_TRANSPOSED", "0")
+_WD_TRANSPOSED_MIN_T = 7168
 _side = {}  # (device, stream) -> _Side
 
 
@@ -201,8 +205,7 @@ class _Plan:
                    act_wide=act_wide, wgrad_fused=wgrad_fused,
                    wd_pingpong=WD_PINGPONG == "1" or WD_PINGPONG == "auto" and T <= _WD_PINGPONG_MAX_T,
                    wgu_pingpong=WGU_PINGPONG == "1" or WGU_PINGPONG == "auto" and T <= _WGU_PINGPONG_MAX_T,
-                   wd_transposed=WD_TRANSPOSED == "1" or WD_TRANSPOSED == "auto" and not (
-                       WD_PINGPONG == "1" or WD_PINGPONG == "auto" and T <= _WD_PINGPONG_MAX_T))
+                   wd_transposed=WD_TRANSPOSED == "1" or WD_TRANSPOSED == "auto" and T >= _WD_TRANSPOSED_MIN_T)
 
 
 @dataclass(frozen=True)
