@@ -477,9 +477,9 @@ def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, g
     flags = dict(A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor, GATHER_A=gather_a is not None,
                  GATHER_B=gather_b is not None, GROUPING=GROUPINGS[grouping],
                  EPILOGUE=EPILOGUES[epilogue])
+    why = "the mma engine" if engine == "mma" else _sm90_unsupported(
+        m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stride, flags["GATHER_A"], flags["GATHER_B"])
     if out_transposed:
-        why = (_sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stride,
-                                 flags["GATHER_A"], flags["GATHER_B"]) if engine != "mma" else "the mma engine")
         if why is None and not (epilogue == "bf16" and grouping in ("none", "k") and k_splits == 1 and
                                 f32_head is None and ldc % 8 == 0 and c_group_stride % 8 == 0):
             why = "a transposed result needs bf16 TMA stores (ungrouped or K-grouped, rows of 8)"
@@ -487,8 +487,6 @@ def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, g
             raise ValueError(f"out_transposed does not apply: {why}")
         flags["C_TRANS"] = True
     if engine != "mma":
-        why = _sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stride,
-                                flags["GATHER_A"], flags["GATHER_B"])
         if why is None:
             return _prepare_sm90(p, segments, m, n, grouping, num_groups,
                                  dict(flags, ROW_SPLIT=f32_head is not None), k_splits, even_rounds,

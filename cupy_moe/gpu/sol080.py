@@ -313,7 +313,7 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
     wgu_grad = _grad_wgu_gemm(inputs, grad_wgu, grad_router, ws, plan)
     for kwargs in (wd_grad, dgrad, wgu_grad):
         kwargs["cancel"] = cancel
-    if plan.wd_pingpong and not wd_grad.get("out_transposed"):
+    if plan.wd_pingpong and not wd_grad.get("out_transposed"):  # (the transposed form is for 256-wide tiles)
         wd_grad["pingpong"] = True
     if plan.wgu_pingpong:
         wgu_grad["pingpong"] = True
