@@ -331,3 +331,27 @@ def test_no_counter_inside_a_capture_means_the_static_config(host, monkeypatch):
     (kind, cfg), *_ = launches[-1]
     assert not cfg.DYNAMIC
     assert G.GemmSm90Params.from_buffer_copy(launches[-1][4]).base.tile_counter is None
+
+
+def test_out_transposed_takes_wide_tiles_and_the_transposed_map(host, monkeypatch):
+    """gemm(out_transposed): SOL-080's grad_Wd as (act^T g)^T, m = 1408, n = 4096, is a C_TRANS
+    config of 128 x 256 tiles, and its C map describes the stored array, [n rows of m] with the
+    row stride ldc; what it cannot store (fp32, M-grouped, rows not in 8s) is refused first."""
+    launches, _ = host
+    maps = []
+    real = tma._encode
+    monkeypatch.setattr(tma, "_encode", lambda desc, address, dims, strides, box:
+                        maps.append((address, dims, strides)) or real(desc, address, dims, strides, box))
+    act, g, out = _Array(0x1000_0000), _Array(0x2000_0000), _Array(0x9000_0000)
+    G.gemm(m=1408, n=4096, segments=[G.Segment(act, 1408, g, 4096, k=8192)], a_kmajor=False,
+           b_kmajor=False, out=out, ldc=1408, out_transposed=True)
+    (mod, name, grid, *_), = launches
+    cfg = mod[1]
+    assert cfg.C_TRANS and cfg.C_TMA and cfg.BN == 256 and grid == (132,)
+    assert (0x9000_0000, (1408, 4096, 1), (1408, 1408 * 4096)) in maps
+    for bad in (dict(epilogue="f32"), dict(ldc=1412), dict(grouping="m", group_offsets=_Array(0x3000_0000),
+                                                            num_groups=4)):
+        kw = dict(m=1408, n=4096, segments=[G.Segment(act, 1408, g, 4096, k=8192)], a_kmajor=False,
+                  b_kmajor=False, out=out, ldc=1408, out_transposed=True)
+        with pytest.raises(ValueError, match="out_transposed"):
+            G.gemm(**dict(kw, **bad))
