@@ -161,3 +161,16 @@ def test_grad_wd_transposed_from_7168_tokens(plan_of, monkeypatch):
     assert [plan_of(T).wd_transposed for T in (192, 4097, 6144, 7168, 8192)] == [False] * 3 + [True] * 2
     monkeypatch.setattr(sol080, "WD_TRANSPOSED", "1")
     assert plan_of(192).wd_transposed
+
+
+def test_small_t_order_knob_reaches_only_split_plans(plan_of, monkeypatch):
+    """CUPY_MOE_SOL080_SMALL_T_ORDER (A/B) applies where d_act is split (T <= 512 here), and the
+    dgrad's grid it caps grad_Wd against: 96 CTAs at T = 384 (36 SMs free), 128 at T = 192
+    (2 m-tiles x 32 x 2 pieces: 4 free, too few to cap)."""
+    from cupy_moe.gpu import sol080
+
+    monkeypatch.setattr(sol080, "SMALL_T_ORDER", "cap")
+    assert [plan_of(T).small_t_order for T in (192, 384, 512, 997, 8192)] == ["cap"] * 3 + [""] * 2
+    g = lambda T: types.SimpleNamespace(g=_Array((T, H)))
+    assert sol080._dgrad_ctas(g(384), plan_of(384)) == 96
+    assert sol080._dgrad_ctas(g(192), plan_of(192)) == 128

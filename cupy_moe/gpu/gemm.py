@@ -305,7 +305,7 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
          swiglu: SwigluBackward | None = None, k_splits: int = 1, cancel: int | None = None,
          even_rounds: bool = False, wide: bool = False, sum_groups_and_halves: bool = False,
          f32_head: tuple | None = None, dynamic: bool | None = None,
-         pingpong: bool | None = None, out_transposed: bool = False) -> None:
+         pingpong: bool | None = None, out_transposed: bool = False, max_ctas: int = 0) -> None:
     """Launch one GEMM on the current stream.
 
     grouping='m': rows are experts' segments group_offsets[g]:group_offsets[g+1] of m total rows,
@@ -347,6 +347,8 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     out[c * ldc + r] (+ g * c_group_stride). A product whose rows tile better than its columns
     (grad_Wd = (act^T g)^T: 1408 rows in 11 tiles of 128, 4096 columns in 16 of 256) keeps wide
     tiles without padding.
+    max_ctas > 0: the Hopper loop's persistent grid takes at most this many CTAs (SMs left to a
+    kernel beside it from the start).
 
     A launch's parameter block depends only on addresses and sizes, so it is built once per
     distinct call and replayed from a cache afterwards (repeated calls on the same buffers, as a
@@ -366,7 +368,7 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
            num_groups, c_group_stride, opt(gather_a), opt(gather_b), gather_div, engine, k_splits,
            cancel, even_rounds, wide, sum_groups_and_halves,
            None if f32_head is None else (_addr(f32_head[0]),) + tuple(f32_head[1:]), dynamic, pingpong,
-           out_transposed,
+           out_transposed, max_ctas,
            tuple((_addr(s.a), s.lda, _addr(s.b), s.ldb, s.k, s.b_group_stride, s.m) for s in segments),
            None if sw is None else tuple(opt(a) for a in (sw.gate, sw.up, sw.dg, sw.du, sw.act,
                                                          sw.weights, sw.row_index, sw.aw, sw.dw))
@@ -395,7 +397,7 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
         launch = _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping,
                           group_offsets, num_groups, c_group_stride, gather_a, gather_b,
                           gather_div, engine, sw, cancel, k_splits, even_rounds, wide,
-                          sum_groups_and_halves, f32_head, dynamic, pingpong, out_transposed)
+                          sum_groups_and_halves, f32_head, dynamic, pingpong, out_transposed, max_ctas)
         if len(_prepared) >= 1024:
             _prepared.clear()
         _prepared[key] = launch
@@ -452,7 +454,7 @@ class _Launch:
 def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, group_offsets,
              num_groups, c_group_stride, gather_a, gather_b, gather_div, engine, sw,
              cancel=None, k_splits=1, even_rounds=False, wide=False, halves=False,
-             f32_head=None, dynamic=None, pingpong=None, out_transposed=False) -> _Launch:
+             f32_head=None, dynamic=None, pingpong=None, out_transposed=False, max_ctas=0) -> _Launch:
     p = GemmParams()
     p.cancel = cancel or 0
     for i, s in enumerate(segments):
@@ -490,7 +492,7 @@ def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, g
         if why is None:
             return _prepare_sm90(p, segments, m, n, grouping, num_groups,
                                  dict(flags, ROW_SPLIT=f32_head is not None), k_splits, even_rounds,
-                                 wide, halves, dynamic, pingpong)
+                                 wide, halves, dynamic, pingpong, max_ctas)
         if engine == "sm90":
             raise ValueError(f"the sm90 GEMM does not apply: {why}")
     if sw is not None and (sw.contract_rounding or sw.ld_grad):
@@ -544,7 +546,8 @@ def even_round_ctas(tiles: int, sms: int) -> int:
 
 
 def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
-                  even_rounds=False, wide=False, halves=False, dynamic=None, pingpong=None) -> _Launch:
+                  even_rounds=False, wide=False, halves=False, dynamic=None, pingpong=None,
+                  max_ctas=0) -> _Launch:
     sms = device_sms()
     m_tiles = cdiv(m, Sm90Config.BM) + (num_groups if grouping == "m" else 0)
     c_tma = (flags["EPILOGUE"] == EPILOGUES["bf16"] and p.ldc % 8 == 0 and p.c_group_stride % 8 == 0)
@@ -601,6 +604,8 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
     else:
         tiles = m_tiles * tiles_n * k_splits
     ctas = even_round_ctas(tiles, sms) if even_rounds else min(tiles, sms)
+    if max_ctas:
+        ctas = min(ctas, max_ctas)
     if cfg.SEG_ROWS and grouping == "none" and not cfg.DYNAMIC:
         heavy = cdiv(max(s.m for s in segments), cfg.BM) * tiles_n
         P.base.tile_rotation = _heavy_tiles_rotation(tiles, ctas, heavy)

@@ -95,6 +95,12 @@ _WGU_PINGPONG_MAX_T = 512
 # with "auto") never.
 WD_TRANSPOSED = os.environ.get("CUPY_MOE_SOL080_WD_TRANSPOSED", "0")
 _WD_TRANSPOSED_MIN_T = 7168
+# A/B only (not yet measured), small T (split d_act): the side stream's grad_Wd, ready when the
+# dgrad is, took every SM first at T = 384 and held the dgrad back 11 us (bench/NOTES.md v0.11).
+# "cap": grad_Wd on at most the SMs the dgrad leaves (when >= _SMALL_T_MIN_FREE); "wgu-main": that,
+# and grad_[Wg; Wu] on the main stream after the dgrad instead of on the side after grad_Wd.
+SMALL_T_ORDER = os.environ.get("CUPY_MOE_SOL080_SMALL_T_ORDER", "")
+_SMALL_T_MIN_FREE = 16
 _side = {}  # (device, stream) -> _Side
 
 
@@ -165,6 +171,7 @@ class _Plan:
     wd_pingpong: bool = False             # grad_Wd on ping-pong consumers (WD_PINGPONG)
     wgu_pingpong: bool = False            # grad_[Wg; Wu] on ping-pong consumers (WGU_PINGPONG)
     wd_transposed: bool = False           # grad_Wd as (act^T g)^T where that applies (WD_TRANSPOSED)
+    small_t_order: str = ""               # SMALL_T_ORDER where d_act is split (A/B)
 
     @classmethod
     def of(cls, g, x, wr, wg, wu, wd, gate):
@@ -205,7 +212,8 @@ class _Plan:
                    act_wide=act_wide, wgrad_fused=wgrad_fused,
                    wd_pingpong=WD_PINGPONG == "1" or WD_PINGPONG == "auto" and T <= _WD_PINGPONG_MAX_T,
                    wgu_pingpong=WGU_PINGPONG == "1" or WGU_PINGPONG == "auto" and T <= _WGU_PINGPONG_MAX_T,
-                   wd_transposed=WD_TRANSPOSED == "1" or WD_TRANSPOSED == "auto" and T >= _WD_TRANSPOSED_MIN_T)
+                   wd_transposed=WD_TRANSPOSED == "1" or WD_TRANSPOSED == "auto" and T >= _WD_TRANSPOSED_MIN_T,
+                   small_t_order=SMALL_T_ORDER if act_splits > 1 else "")
 
 
 @dataclass(frozen=True)
@@ -326,6 +334,11 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
             kwargs["even_rounds"] = True
     main = cp.cuda.get_current_stream()
     side = _Side.of(main) if CONCURRENT else None
+    wgu_on_main = side is not None and plan.small_t_order == "wgu-main"
+    if side is not None and plan.small_t_order:
+        free = device_sms() - _dgrad_ctas(inputs, plan)
+        if free >= _SMALL_T_MIN_FREE:
+            wd_grad["max_ctas"] = free
     router_kernel = lambda: _router_kernel(inputs, *_grl_at(inputs, ws, plan), check.kernel_args)
     if not plan.router_beside:
         router_kernel()  # first: the index check every launch reads
@@ -354,6 +367,8 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
         router_wgrad()
     gemm(**dgrad)
     _finish_dgrad(grad_h, ws, plan, cancel)
+    if wgu_on_main:
+        gemm(**wgu_grad)
     # The router wgrad goes on the branch that ends first: the side one at small T, where the
     # main branch carries split-K pieces and their sums, the main one otherwise.
     wgrad_on_side = side is not None and (plan.wgrad_at == "side" or
@@ -362,15 +377,26 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
     if not wgrad_on_side and not wgrad_done:
         router_wgrad()
     with side.stream if side else main:
-        if side:
+        if side and not wgu_on_main:
             side.stream.wait_event(side.d_act_done)
-        gemm(**wgu_grad)
+            gemm(**wgu_grad)
+        elif not side:
+            gemm(**wgu_grad)
         if wgrad_on_side:
             router_wgrad()
         if side:
             side.join.record()
     if side:
         main.wait_event(side.join)
+
+
+def _dgrad_ctas(inputs: _Inputs, plan: _Plan) -> int:
+    """The dgrad's persistent grid as gemm() will size it (128 x 128 tiles at small T, where
+    fewer than the SMs' worth of 256-wide ones exist), for the SMs it leaves."""
+    T, H = inputs.g.shape
+    wide = cdiv(T, _D_ACT_TILE) * cdiv(H, 2 * _D_ACT_TILE) * plan.dgrad_splits >= device_sms()
+    tiles = cdiv(T, _D_ACT_TILE) * cdiv(H, (2 if wide else 1) * _D_ACT_TILE) * plan.dgrad_splits
+    return min(tiles, device_sms())
 
 
 def _d_act_gemm(inputs: _Inputs, ws: _Workspace, plan: _Plan) -> dict:
