@@ -57,7 +57,7 @@ def main():
         sol080.FUSED_WGRAD = knobs.pop("fwgrad", "auto")
         sol080.WD_PINGPONG = knobs.pop("wdpp", "auto")
         sol080.WGU_PINGPONG = knobs.pop("wgupp", "auto")
-        sol080.WD_TRANSPOSED = knobs.pop("wdt", "auto")
+        sol080.WD_TRANSPOSED = knobs.pop("wdt", "0")
         assert not knobs, f"unknown knobs {knobs}"
 
     def arith():  # the knobs that change the order of an fp32 sum or the SwiGLU kernel
