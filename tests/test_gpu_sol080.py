@@ -258,7 +258,9 @@ def test_router_kernel_writes_the_contracts_router_terms_bitwise(T, H, E, K):
                                                 ("WIDE_D_ACT", True, 6144, 0.25),
                                                 ("FUSED_WGRAD", "1", 192, 0.11),
                                                 ("FUSED_WGRAD", "1", 2053, 0.23),
-                                                ("FUSED_WGRAD", "0", 8192, 0.39)])
+                                                ("FUSED_WGRAD", "0", 8192, 0.39),
+                                                ("WD_TRANSPOSED", "auto", 8192, 0.39),
+                                                ("WD_TRANSPOSED", "1", 1879, 0.20)])
 def test_ab_d_act_paths_pass_like_the_fused_one(knob, value, T, atol, monkeypatch):
     """The A/B knobs' other d_act paths. CUPY_MOE_SOL080_FUSED_D_ACT=0: d_act as a plain GEMM,
     then the contract's SwiGLU backward as an elementwise kernel (16-byte accesses for
@@ -266,7 +268,8 @@ def test_ab_d_act_paths_pass_like_the_fused_one(knob, value, T, atol, monkeypatc
     d_act as a plain 128 x 256 GEMM (its last column tile half past n = 1408) with the router
     kernel beside it, then the elementwise SwiGLU backward. CUPY_MOE_SOL080_FUSED_WGRAD: the
     router weight gradient inside the grad_[Wg; Wu] GEMM where "auto" keeps it separate (T <=
-    3200), and separate where "auto" fuses it (T = 8192)."""
+    3200), and separate where "auto" fuses it (T = 8192). CUPY_MOE_SOL080_WD_TRANSPOSED: grad_Wd
+    as (act^T g)^T, stored transposed."""
     from cupy_moe.gpu import sol080 as gpu_sol080
 
     monkeypatch.setattr(gpu_sol080, knob, value)
