@@ -104,6 +104,11 @@ _SMALL_T_MIN_FREE = 16
 _side = {}  # (device, stream) -> _Side
 
 
+def _knob(value: str, auto: bool) -> bool:
+    """An "auto" | "1" | "0" knob's answer: "auto" takes the plan's rule."""
+    return value == "1" or value == "auto" and auto
+
+
 @dataclass
 class _Side:
     """The side stream of a caller's stream and the events that order the two."""
@@ -180,7 +185,7 @@ class _Plan:
         d_act_on_sm90 = sm90_applies(T, I, [Segment(g, H, wd, I, k=H)], True, False)
         # The workspace (256-byte aligned) stands in as address 0: byte offsets for addresses.
         acts = _Acts(I, E)
-        wanted = FUSED_WGRAD == "1" or FUSED_WGRAD == "auto" and not router.summed_in_the_gemm(T, E)
+        wanted = _knob(FUSED_WGRAD, not router.summed_in_the_gemm(T, E))
         wgrad_fused = wanted and sm90_applies(E + 2 * I, H, acts.wgrad_segments(0, x, H, T), False, False)
         hi = Segment(acts.at(0, acts.hi), acts.ld, wr, H, k=E) if wgrad_fused else Segment(0, 2 * E, wr, H, k=E)
         dgrad_on_sm90 = sm90_applies(T, H, [Segment(acts.at(0, acts.du), acts.ld, wu, H, k=I),
@@ -210,9 +215,9 @@ class _Plan:
                    wgrad_stacked=router.STACKED, split_cluster=gemm_module.SPLIT_CLUSTER and SPLIT_CLUSTER,
                    wgrad_cluster=router.summed_in_the_gemm(T, E),
                    act_wide=act_wide, wgrad_fused=wgrad_fused,
-                   wd_pingpong=WD_PINGPONG == "1" or WD_PINGPONG == "auto" and T <= _WD_PINGPONG_MAX_T,
-                   wgu_pingpong=WGU_PINGPONG == "1" or WGU_PINGPONG == "auto" and T <= _WGU_PINGPONG_MAX_T,
-                   wd_transposed=WD_TRANSPOSED == "1" or WD_TRANSPOSED == "auto" and T >= _WD_TRANSPOSED_MIN_T,
+                   wd_pingpong=_knob(WD_PINGPONG, T <= _WD_PINGPONG_MAX_T),
+                   wgu_pingpong=_knob(WGU_PINGPONG, T <= _WGU_PINGPONG_MAX_T),
+                   wd_transposed=_knob(WD_TRANSPOSED, T >= _WD_TRANSPOSED_MIN_T),
                    small_t_order=SMALL_T_ORDER if act_splits > 1 else "")
 
 
