@@ -349,6 +349,10 @@ def test_out_transposed_takes_wide_tiles_and_the_transposed_map(host, monkeypatc
     cfg = mod[1]
     assert cfg.C_TRANS and cfg.C_TMA and cfg.BN == 256 and grid == (132,)
     assert (0x9000_0000, (1408, 4096, 1), (1408, 1408 * 4096)) in maps
+    seg = [G.Segment(act, 1408, g, 4096, k=8192)]
+    assert G.transposed_applies(1408, 4096, seg, False, False, out, 1408)
+    assert not G.transposed_applies(1408, 4096, seg, False, False, out, 1412)
+    assert not G.transposed_applies(1408, 4096, seg, False, False, out, 1408, grouping="m")
     for bad in (dict(epilogue="f32"), dict(ldc=1412), dict(grouping="m", group_offsets=_Array(0x3000_0000),
                                                             num_groups=4)):
         kw = dict(m=1408, n=4096, segments=[G.Segment(act, 1408, g, 4096, k=8192)], a_kmajor=False,

@@ -482,9 +482,7 @@ def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, g
     why = "the mma engine" if engine == "mma" else _sm90_unsupported(
         m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stride, flags["GATHER_A"], flags["GATHER_B"])
     if out_transposed:
-        if why is None and not (epilogue == "bf16" and grouping in ("none", "k") and k_splits == 1 and
-                                f32_head is None and ldc % 8 == 0 and c_group_stride % 8 == 0):
-            why = "a transposed result needs bf16 TMA stores (ungrouped or K-grouped, rows of 8)"
+        why = why or _transposed_store_unsupported(epilogue, grouping, k_splits, f32_head, ldc, c_group_stride)
         if why is not None:
             raise ValueError(f"out_transposed does not apply: {why}")
         flags["C_TRANS"] = True
@@ -516,6 +514,22 @@ def sm90_applies(m, n, segments, a_kmajor, b_kmajor, out=None, ldc=None) -> bool
     """Whether gemm() takes the Hopper main loop for these operands (no gathers)."""
     return _sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, n if ldc is None else ldc,
                              0, False, False) is None
+
+
+def transposed_applies(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stride=0,
+                       grouping="none") -> bool:
+    """Whether gemm(out_transposed=True) takes these operands (bf16 result, no gathers, unsplit)."""
+    return (_sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stride, False, False)
+            or _transposed_store_unsupported("bf16", grouping, 1, None, ldc, c_group_stride)) is None
+
+
+def _transposed_store_unsupported(epilogue, grouping, k_splits, f32_head, ldc, c_group_stride):
+    """None when a result the Hopper loop computes can leave transposed (by TMA stores of whole
+    tiles), else the reason."""
+    if epilogue == "bf16" and grouping in ("none", "k") and k_splits == 1 and f32_head is None and (
+            ldc % 8 == 0 and c_group_stride % 8 == 0):
+        return None
+    return "a transposed result needs bf16 TMA stores (ungrouped or K-grouped, rows of 8)"
 
 
 def _sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stride, copy_a, copy_b):

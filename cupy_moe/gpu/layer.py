@@ -14,7 +14,7 @@ import cupy as cp
 from .._arrays import bfloat16
 from ..context import MoEContext, MoEGradients
 from . import elementwise, router, routing
-from .gemm import Segment, SwigluBackward, gemm, sm90_applies
+from .gemm import Segment, SwigluBackward, gemm, transposed_applies
 
 MAX_GROUPS = 64  # the top-k kernel passes the kept groups as a 64-bit mask
 # Each expert's dWd [H, I] as (aw^T dy)^T, stored transposed (gemm(out_transposed)): I = 1408
@@ -70,7 +70,7 @@ def experts_backward(x_rows, dy_rows, gate, up, act, offsets, num_experts, wg, w
     # Weight gradients: each expert reduces over its own rows (empty experts write zeros).
     d_down_w = cp.empty((E, H, I), bfloat16)
     transposed = [Segment(aw, I, dy_rows, H, k=N)]
-    if DWD_TRANSPOSED and I % 8 == 0 and sm90_applies(I, H, transposed, False, False, d_down_w, I):
+    if DWD_TRANSPOSED and transposed_applies(I, H, transposed, False, False, d_down_w, I, H * I, "k"):
         gemm(m=I, n=H, segments=transposed, a_kmajor=False, b_kmajor=False, out=d_down_w, ldc=I,
              c_group_stride=H * I, out_transposed=True, **k_grouped)
     else:

@@ -52,7 +52,7 @@ from .._launch import cdiv, grid_stride_blocks, i32, i64, ptr
 from . import graphs, router
 from . import gemm as gemm_module
 from .gemm import (Segment, SwigluBackward, _addr, device_sms, even_round_ctas, gemm, k_splits_for,
-                   sm90_applies)
+                   sm90_applies, transposed_applies)
 
 CONCURRENT = os.environ.get("CUPY_MOE_SOL080_STREAMS", "1") != "0"
 # A/B only: 0 runs d_act as a plain GEMM and the SwiGLU backward as an elementwise kernel, where
@@ -476,7 +476,7 @@ def _grad_wd_gemm(inputs: _Inputs, grad_wd, plan: _Plan) -> dict:
     T, H = g.shape
     I = act.shape[1]
     transposed = [Segment(act, I, g, H, k=T)]
-    if plan.wd_transposed and I % 8 == 0 and sm90_applies(I, H, transposed, False, False, grad_wd, I):
+    if plan.wd_transposed and transposed_applies(I, H, transposed, False, False, grad_wd, I):
         return dict(m=I, n=H, segments=transposed, a_kmajor=False, b_kmajor=False, out=grad_wd, ldc=I,
                     out_transposed=True)
     return dict(m=H, n=I, segments=[Segment(g, H, act, I, k=T)], a_kmajor=False, b_kmajor=False,
