@@ -1,7 +1,7 @@
 """A/B of the layer backward's knobs in one process: each variant interleaved over --rounds, L2
 flushed, median of --reps (ms); each variant's gradients against the first's (relative error).
 A variant is a comma list of knob=value: dwdt=0|1 (gpu.layer.DWD_TRANSPOSED); "base" is the
-defaults. Usage (device): PYTHONPATH=. python bench/ab_layer.py [--T 8192] [--reps 10] base dwdt=1"""
+defaults. Usage (device): PYTHONPATH=. python bench/ab_layer.py [--T 8192] [--reps 10] base dwdt=0"""
 import argparse
 import os
 import sys
@@ -26,7 +26,7 @@ def main():
 
     def use(variant):
         knobs = dict(kv.split("=") for kv in variant.split(",") if kv != "base")
-        layer.DWD_TRANSPOSED = knobs.pop("dwdt", "0") != "0"
+        layer.DWD_TRANSPOSED = knobs.pop("dwdt", "1") != "0"
         assert not knobs, f"unknown knobs {knobs}"
 
     cfg = cupy_moe.MoEConfig.glm45_air()

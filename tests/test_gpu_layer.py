@@ -107,11 +107,12 @@ def test_zero_tokens():
 
 @pytest.mark.parametrize("name,T,routing", [("aligned", 333, "random"), ("aligned", 64, "one_expert"),
                                             ("grouped", 7, "random")])
-def test_dwd_stored_transposed(name, T, routing, monkeypatch):
-    """CUPY_MOE_LAYER_DWD_TRANSPOSED=1: each expert's dWd as (aw^T dy)^T, stored transposed,
-    against the reference, empty experts' zeros included (the "grouped" config's I = 24 takes
-    it too)."""
+@pytest.mark.parametrize("transposed", [True, False])
+def test_dwd_stored_transposed_or_not(name, T, routing, transposed, monkeypatch):
+    """CUPY_MOE_LAYER_DWD_TRANSPOSED: each expert's dWd as (aw^T dy)^T, stored transposed (the
+    default), or as dy^T aw; against the reference, empty experts' zeros included (the "grouped"
+    config's I = 24 takes the transposed store too)."""
     from cupy_moe.gpu import layer
 
-    monkeypatch.setattr(layer, "DWD_TRANSPOSED", True)
+    monkeypatch.setattr(layer, "DWD_TRANSPOSED", transposed)
     _check(SMALL[name], T, routing, seed=T)

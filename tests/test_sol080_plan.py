@@ -174,3 +174,21 @@ def test_small_t_order_knob_reaches_only_split_plans(plan_of, monkeypatch):
     g = lambda T: types.SimpleNamespace(g=_Array((T, H)))
     assert sol080._dgrad_ctas(g(384), plan_of(384)) == 96
     assert sol080._dgrad_ctas(g(192), plan_of(192)) == 128
+
+
+def test_grad_wd_first_only_where_the_router_would_go_first(plan_of, monkeypatch):
+    """CUPY_MOE_SOL080_WD_FIRST (A/B): "auto" runs grad_Wd first with the router beside it where
+    d_act's rounds fill every SM (T = 3072, 6144), "1" wherever d_act is unsplit (the router
+    then no longer runs beside d_act), never where d_act is split."""
+    from cupy_moe.gpu import sol080
+
+    Ts = (192, 997, 2053, 3072, 6144, 8192)
+    assert not any(plan_of(T).wd_first for T in Ts)  # off by default
+    monkeypatch.setattr(sol080, "WD_FIRST", "auto")
+    assert [plan_of(T).wd_first for T in Ts] == [False, False, False, True, True, False]
+    monkeypatch.setattr(sol080, "WD_FIRST", "1")
+    plans = [plan_of(T) for T in Ts]
+    assert [p.wd_first for p in plans] == [False] + [True] * 5
+    assert [p.router_beside for p in plans] == [True] + [False] * 5
+    monkeypatch.setattr(sol080, "CONCURRENT", False)
+    assert not plan_of(3072).wd_first

@@ -31,8 +31,9 @@ The router kernel runs the call's index check, whose verdict every later launch 
 beside d_act where d_act leaves it at least 8 SMs (_Plan.router_beside: d_act on the fewest CTAs
 that keep its rounds, or split in fewer pieces); every GEMM CTA takes a whole SM's registers, so
 a router queued beside a d_act that fills the SMs would wait for it and hold back the dgrad:
-there (T = 3072, 6144) it goes first, alone, on the main stream. d_act reads no routing, so it
-does not wait for the verdict when the router runs beside it. grad_Wd needs neither d_act nor
+there (T = 3072, 6144) it goes first, alone, on the main stream, or (WD_FIRST) beside grad_Wd
+run first. d_act reads no routing, so it does not wait for the verdict when the router runs
+beside it. grad_Wd needs neither d_act nor
 the router, so it takes the SMs d_act's last round leaves, as grad_[Wg; Wu] beside the dgrad.
 The router wgrad ends whichever branch would end first (bench/NOTES.md v0.6). Holding two GEMMs
 to disjoint SM budgets, chosen by a tile-time model, measured no better (v0.5).
@@ -101,6 +102,11 @@ _WD_TRANSPOSED_MIN_T = 7168
 # and grad_[Wg; Wu] on the main stream after the dgrad instead of on the side after grad_Wd.
 SMALL_T_ORDER = os.environ.get("CUPY_MOE_SOL080_SMALL_T_ORDER", "")
 _SMALL_T_MIN_FREE = 16
+# Where d_act's rounds fill every SM (T = 3072, 6144: 264 / 528 tiles of 128 x 128) the router
+# kernel has no room beside it and runs first, alone (~14 / 27 us). "auto": there, grad_Wd (which
+# reads neither d_act nor the routing) runs first instead, on the fewest CTAs that keep its rounds,
+# with the router beside it on the SMs that leaves; "1": wherever d_act is unsplit; "0": never.
+WD_FIRST = os.environ.get("CUPY_MOE_SOL080_WD_FIRST", "0")
 _side = {}  # (device, stream) -> _Side
 
 
@@ -160,7 +166,8 @@ class _Plan:
     _ROUTER_SMS), instead of alone before it: the whole d_act on the fewest CTAs that keep its
     rounds (gemm's even_rounds), a split one in fewer pieces. wgrad_fused: the router weight
     gradient as the first rows of the grad_[Wg; Wu] GEMM (FUSED_WGRAD; else its own GEMM, which
-    wgrad_at, wgrad_stacked and wgrad_cluster describe)."""
+    wgrad_at, wgrad_stacked and wgrad_cluster describe). wd_first: grad_Wd runs first on the
+    main stream (even rounds), the router beside it on the side stream, d_act after grad_Wd."""
 
     act_splits: int
     act_fused: bool
@@ -177,6 +184,7 @@ class _Plan:
     wgu_pingpong: bool = False            # grad_[Wg; Wu] on ping-pong consumers (WGU_PINGPONG)
     wd_transposed: bool = False           # grad_Wd as (act^T g)^T where that applies (WD_TRANSPOSED)
     small_t_order: str = ""               # SMALL_T_ORDER where d_act is split (A/B)
+    wd_first: bool = False                # grad_Wd first with the router beside it (WD_FIRST)
 
     @classmethod
     def of(cls, g, x, wr, wg, wu, wd, gate):
@@ -209,6 +217,9 @@ class _Plan:
             fewer = (sms - _ROUTER_SMS) // d_act_tiles
             if fewer >= 2:
                 act_splits, router_beside = min(act_splits, fewer), True
+        wd_first = CONCURRENT and d_act_on_sm90 and act_splits == 1 and not act_wide and _knob(
+            WD_FIRST, not router_beside)
+        router_beside = router_beside and not wd_first
         return cls(act_splits=act_splits, act_fused=act_fused,
                    dgrad_splits=k_splits_for(T, H, 2 * I + E) if dgrad_on_sm90 else 1,
                    router_beside=router_beside, even_rounds=EVEN_ROUNDS, wgrad_at=WGRAD_AT,
@@ -218,7 +229,7 @@ class _Plan:
                    wd_pingpong=_knob(WD_PINGPONG, T <= _WD_PINGPONG_MAX_T),
                    wgu_pingpong=_knob(WGU_PINGPONG, T <= _WGU_PINGPONG_MAX_T),
                    wd_transposed=_knob(WD_TRANSPOSED, T >= _WD_TRANSPOSED_MIN_T),
-                   small_t_order=SMALL_T_ORDER if act_splits > 1 else "")
+                   small_t_order=SMALL_T_ORDER if act_splits > 1 else "", wd_first=wd_first)
 
 
 @dataclass(frozen=True)
@@ -330,10 +341,13 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
         wd_grad["pingpong"] = True
     if plan.wgu_pingpong:
         wgu_grad["pingpong"] = True
-    # d_act reads no routing: beside the router kernel (which runs the check) it cannot wait for
-    # the verdict, and does not need to; after it, it reads the verdict like the rest.
-    d_act["cancel"] = None if plan.router_beside else cancel
+    # d_act and grad_Wd read no routing: beside the router kernel (which runs the check) they
+    # cannot wait for the verdict, and do not need to; after it, they read it like the rest.
+    router_early = plan.router_beside or plan.wd_first  # beside d_act or grad_Wd, not first
+    d_act["cancel"] = None if router_early else cancel
     d_act["even_rounds"] = plan.router_beside
+    if plan.wd_first:
+        wd_grad.update(cancel=None, even_rounds=True)
     for name, kwargs in (("wd", wd_grad), ("wgu", wgu_grad), ("dgrad", dgrad)):
         if name in plan.even_rounds and kwargs.get("k_splits", 1) == 1:
             kwargs["even_rounds"] = True
@@ -345,7 +359,7 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
         if free >= _SMALL_T_MIN_FREE:
             wd_grad["max_ctas"] = free
     router_kernel = lambda: _router_kernel(inputs, *_grl_at(inputs, ws, plan), check.kernel_args)
-    if not plan.router_beside:
+    if not router_early:
         router_kernel()  # first: the index check every launch reads
     if side is not None:
         side.fork.record(main)
@@ -355,18 +369,25 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
         if not plan.wgrad_fused:
             router.weight_gradient(ws.grl, inputs.x, grad_router, ws.partial, cancel)
 
+    if plan.wd_first:
+        gemm(**wd_grad)  # the router beside it (below), d_act after it
+    with side.stream if side else main:
+        if plan.wd_first:
+            router_kernel()
+            side.router_done.record()
     gemm(**d_act)
     _finish_d_act(inputs, ws, plan, d_act["cancel"])
     with side.stream if side else main:
         if plan.router_beside:
             router_kernel()
             side.router_done.record()
-        gemm(**wd_grad)
+        if not plan.wd_first:
+            gemm(**wd_grad)
         if side and plan.wgrad_at == "side-early":
             router_wgrad()
     if side:
         side.d_act_done.record(main)
-    if plan.router_beside:
+    if router_early:
         main.wait_event(side.router_done)
     if plan.wgrad_at == "early":
         router_wgrad()
