@@ -44,7 +44,11 @@ def plan_of(monkeypatch):
     (3072, 1, False),   # 264 tiles: 2 full rounds, nothing free
     (6144, 1, False),   # 528 tiles: 4 full rounds
     (8192, 1, True)])   # 704 tiles, 6 rounds on 118 CTAs
-def test_d_act_pieces_and_router_place(plan_of, T, splits, beside):
+def test_d_act_pieces_and_router_place(plan_of, T, splits, beside, monkeypatch):
+    """(From T = 5120 grad_Wd takes the router beside it instead: WD_FIRST, tested below.)"""
+    from cupy_moe.gpu import sol080
+
+    monkeypatch.setattr(sol080, "WD_FIRST", "0")
     p = plan_of(T)
     assert (p.act_splits, p.act_fused, p.router_beside) == (splits, splits == 1, beside)
 
@@ -61,7 +65,7 @@ def test_the_unfused_ab_knob_keeps_the_router_beside(plan_of, monkeypatch):
     from cupy_moe.gpu import sol080
 
     monkeypatch.setattr(sol080, "FUSED_D_ACT", False)
-    p = plan_of(8192)
+    p = plan_of(4093)
     assert (p.act_splits, p.act_fused, p.router_beside) == (1, False, True)
 
 
@@ -164,11 +168,13 @@ def test_grad_wd_transposed_from_7168_tokens(plan_of, monkeypatch):
 
 
 def test_small_t_order_knob_reaches_only_split_plans(plan_of, monkeypatch):
-    """CUPY_MOE_SOL080_SMALL_T_ORDER (A/B) applies where d_act is split (T <= 512 here), and the
-    dgrad's grid it caps grad_Wd against: 96 CTAs at T = 384 (36 SMs free), 128 at T = 192
-    (2 m-tiles x 32 x 2 pieces: 4 free, too few to cap)."""
+    """CUPY_MOE_SOL080_SMALL_T_ORDER applies where d_act is split (T <= 512 here; "auto": "wgu-main"
+    from 3 row tiles of 128), and the dgrad's grid it caps grad_Wd against: 96 CTAs at T = 384 (36
+    SMs free), 128 at T = 192 (2 m-tiles x 32 x 2 pieces: 4 free, too few to cap)."""
     from cupy_moe.gpu import sol080
 
+    Ts = (192, 211, 293, 384, 512, 997, 8192)
+    assert [plan_of(T).small_t_order for T in Ts] == [""] * 2 + ["wgu-main"] * 3 + [""] * 2  # auto
     monkeypatch.setattr(sol080, "SMALL_T_ORDER", "cap")
     assert [plan_of(T).small_t_order for T in (192, 384, 512, 997, 8192)] == ["cap"] * 3 + [""] * 2
     g = lambda T: types.SimpleNamespace(g=_Array((T, H)))
@@ -176,19 +182,22 @@ def test_small_t_order_knob_reaches_only_split_plans(plan_of, monkeypatch):
     assert sol080._dgrad_ctas(g(192), plan_of(192)) == 128
 
 
-def test_grad_wd_first_only_where_the_router_would_go_first(plan_of, monkeypatch):
-    """CUPY_MOE_SOL080_WD_FIRST (A/B): "auto" runs grad_Wd first with the router beside it where
-    d_act's rounds fill every SM (T = 3072, 6144), "1" wherever d_act is unsplit (the router
-    then no longer runs beside d_act), never where d_act is split."""
+def test_grad_wd_first_from_5120_tokens(plan_of, monkeypatch):
+    """CUPY_MOE_SOL080_WD_FIRST: "auto" runs grad_Wd first with the router beside it from
+    T = 5120 (of the workloads 6144 and 8192), "1" wherever d_act is unsplit (the router then
+    never runs beside d_act), "0" nowhere; never where d_act is split or on one stream."""
     from cupy_moe.gpu import sol080
 
-    Ts = (192, 997, 2053, 3072, 6144, 8192)
-    assert not any(plan_of(T).wd_first for T in Ts)  # off by default
-    monkeypatch.setattr(sol080, "WD_FIRST", "auto")
-    assert [plan_of(T).wd_first for T in Ts] == [False, False, False, True, True, False]
+    Ts = (192, 997, 2053, 3072, 4093, 6144, 8192)
+    plans = [plan_of(T) for T in Ts]
+    assert [p.wd_first for p in plans] == [False] * 5 + [True] * 2
+    assert [p.router_beside for p in plans] == [True] * 3 + [False, True, False, False]
     monkeypatch.setattr(sol080, "WD_FIRST", "1")
     plans = [plan_of(T) for T in Ts]
-    assert [p.wd_first for p in plans] == [False] + [True] * 5
-    assert [p.router_beside for p in plans] == [True] + [False] * 5
+    assert [p.wd_first for p in plans] == [False] + [True] * 6
+    assert [p.router_beside for p in plans] == [True] + [False] * 6
+    monkeypatch.setattr(sol080, "WD_FIRST", "0")
+    assert not any(plan_of(T).wd_first for T in Ts)
+    monkeypatch.setattr(sol080, "WD_FIRST", "auto")
     monkeypatch.setattr(sol080, "CONCURRENT", False)
-    assert not plan_of(3072).wd_first
+    assert not plan_of(8192).wd_first

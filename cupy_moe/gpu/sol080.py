@@ -31,10 +31,12 @@ The router kernel runs the call's index check, whose verdict every later launch 
 beside d_act where d_act leaves it at least 8 SMs (_Plan.router_beside: d_act on the fewest CTAs
 that keep its rounds, or split in fewer pieces); every GEMM CTA takes a whole SM's registers, so
 a router queued beside a d_act that fills the SMs would wait for it and hold back the dgrad:
-there (T = 3072, 6144) it goes first, alone, on the main stream, or (WD_FIRST) beside grad_Wd
-run first. d_act reads no routing, so it does not wait for the verdict when the router runs
-beside it. grad_Wd needs neither d_act nor
-the router, so it takes the SMs d_act's last round leaves, as grad_[Wg; Wu] beside the dgrad.
+there (T = 3072) it goes first, alone, on the main stream. From T = 5120 (WD_FIRST) grad_Wd runs
+first instead, with the router beside it, and d_act after it. d_act reads no routing, so it does
+not wait for the verdict when the router runs beside it or beside grad_Wd; grad_Wd likewise.
+Elsewhere grad_Wd, which needs neither d_act nor the router, takes the SMs d_act's last round
+leaves, as grad_[Wg; Wu] beside the dgrad (at small T, from 3 row tiles, grad_[Wg; Wu] follows
+the dgrad on the main stream instead: SMALL_T_ORDER).
 The router wgrad ends whichever branch would end first (bench/NOTES.md v0.6). Holding two GEMMs
 to disjoint SM budgets, chosen by a tile-time model, measured no better (v0.5).
 CUPY_MOE_SOL080_STREAMS=0 keeps everything on one stream (the router kernel first).
@@ -96,17 +98,23 @@ _WGU_PINGPONG_MAX_T = 512
 # with "auto") never.
 WD_TRANSPOSED = os.environ.get("CUPY_MOE_SOL080_WD_TRANSPOSED", "0")
 _WD_TRANSPOSED_MIN_T = 7168
-# A/B only (not yet measured), small T (split d_act): the side stream's grad_Wd, ready when the
-# dgrad is, took every SM first at T = 384 and held the dgrad back 11 us (bench/NOTES.md v0.11).
-# "cap": grad_Wd on at most the SMs the dgrad leaves (when >= _SMALL_T_MIN_FREE); "wgu-main": that,
-# and grad_[Wg; Wu] on the main stream after the dgrad instead of on the side after grad_Wd.
-SMALL_T_ORDER = os.environ.get("CUPY_MOE_SOL080_SMALL_T_ORDER", "")
+# Small T (split d_act): the side stream's grad_Wd, ready when the dgrad is, took every SM first
+# at T = 384 and held the dgrad back 11 us (bench/NOTES.md v0.11). "wgu-main": grad_[Wg; Wu] on
+# the main stream after the dgrad instead of on the side after grad_Wd, and grad_Wd on at most the
+# SMs the dgrad leaves (when >= _SMALL_T_MIN_FREE); "cap": only the latter (A/B); "auto":
+# "wgu-main" from _SMALL_T_ORDER_MIN_M_TILES row tiles of 128 (T = 293 / 384 / 512: -0.8..-3.2 us
+# in two runs; T = 192 / 211, two row tiles, +0.5..+3.1; bench/NOTES.md v0.12); "" never.
+SMALL_T_ORDER = os.environ.get("CUPY_MOE_SOL080_SMALL_T_ORDER", "auto")
 _SMALL_T_MIN_FREE = 16
-# Where d_act's rounds fill every SM (T = 3072, 6144: 264 / 528 tiles of 128 x 128) the router
-# kernel has no room beside it and runs first, alone (~14 / 27 us). "auto": there, grad_Wd (which
-# reads neither d_act nor the routing) runs first instead, on the fewest CTAs that keep its rounds,
-# with the router beside it on the SMs that leaves; "1": wherever d_act is unsplit; "0": never.
-WD_FIRST = os.environ.get("CUPY_MOE_SOL080_WD_FIRST", "0")
+_SMALL_T_ORDER_MIN_M_TILES = 3
+# grad_Wd (which reads neither d_act nor the routing) first on the main stream, on the fewest CTAs
+# that keep its rounds, with the router kernel beside it on the SMs that leaves, and d_act after
+# it; instead of the router beside d_act (or first, alone, where d_act's rounds fill every SM:
+# T = 3072, 6144) and grad_Wd on the side stream. "auto": from _WD_FIRST_MIN_T tokens (T = 6144
+# -32 us, 8192 -14; 4093 -1; 3072 +7, where the router wgrad then ends the call alone, and 997 ..
+# 3089 +7..+30; bench/NOTES.md v0.12); "1": wherever d_act is unsplit; "0": never.
+WD_FIRST = os.environ.get("CUPY_MOE_SOL080_WD_FIRST", "auto")
+_WD_FIRST_MIN_T = 5120
 _side = {}  # (device, stream) -> _Side
 
 
@@ -183,7 +191,7 @@ class _Plan:
     wd_pingpong: bool = False             # grad_Wd on ping-pong consumers (WD_PINGPONG)
     wgu_pingpong: bool = False            # grad_[Wg; Wu] on ping-pong consumers (WGU_PINGPONG)
     wd_transposed: bool = False           # grad_Wd as (act^T g)^T where that applies (WD_TRANSPOSED)
-    small_t_order: str = ""               # SMALL_T_ORDER where d_act is split (A/B)
+    small_t_order: str = ""               # SMALL_T_ORDER's answer where d_act is split
     wd_first: bool = False                # grad_Wd first with the router beside it (WD_FIRST)
 
     @classmethod
@@ -218,7 +226,9 @@ class _Plan:
             if fewer >= 2:
                 act_splits, router_beside = min(act_splits, fewer), True
         wd_first = CONCURRENT and d_act_on_sm90 and act_splits == 1 and not act_wide and _knob(
-            WD_FIRST, not router_beside)
+            WD_FIRST, T >= _WD_FIRST_MIN_T)
+        small_t_order = SMALL_T_ORDER if SMALL_T_ORDER != "auto" else (
+            "wgu-main" if cdiv(T, _D_ACT_TILE) >= _SMALL_T_ORDER_MIN_M_TILES else "")
         router_beside = router_beside and not wd_first
         return cls(act_splits=act_splits, act_fused=act_fused,
                    dgrad_splits=k_splits_for(T, H, 2 * I + E) if dgrad_on_sm90 else 1,
@@ -229,7 +239,7 @@ class _Plan:
                    wd_pingpong=_knob(WD_PINGPONG, T <= _WD_PINGPONG_MAX_T),
                    wgu_pingpong=_knob(WGU_PINGPONG, T <= _WGU_PINGPONG_MAX_T),
                    wd_transposed=_knob(WD_TRANSPOSED, T >= _WD_TRANSPOSED_MIN_T),
-                   small_t_order=SMALL_T_ORDER if act_splits > 1 else "", wd_first=wd_first)
+                   small_t_order=small_t_order if act_splits > 1 else "", wd_first=wd_first)
 
 
 @dataclass(frozen=True)
