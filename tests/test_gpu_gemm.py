@@ -469,3 +469,54 @@ def test_out_transposed_refuses_what_it_cannot_store():
     with pytest.raises(ValueError, match="out_transposed"):
         gemm(m=128, n=256, segments=[Segment(a, 128, b, 256, k=64)], a_kmajor=False, b_kmajor=False,
              out=out, ldc=128, epilogue="f32", out_transposed=True)
+
+
+@pytest.mark.parametrize("m,T,k", [(200, 333, 64),      # one k-step: the epilogue drains after it
+                                   (128, 1, 4160),      # one token; 65 k-steps, the slices hidden
+                                   (1408, 2053, 256),   # 11 x 9 tiles, several per CTA
+                                   (1408, 4093, 1024)])
+def test_transposed_swiglu_contract_matches_the_plain_form(m, T, k):
+    """SwigluBackward.transposed (SOL-080's d_act as Wd^T g^T in 128 x 256 tiles, the contract's
+    SwiGLU backward spread over the next tile's main loop) writes the [d_gate | d_up] rows the
+    plain fused form writes: the same products, up to their fp32 summation order (so a rare
+    element may round to the neighbouring bf16). Odd T, m off the tile, poisoned outputs."""
+    import cupy as cp
+    from cupy_moe.gpu.gemm import Segment, SwigluBackward, gemm
+
+    rng = np.random.default_rng(m + T + k)
+    g, wd = cp.asarray(_bf16(rng, T, k)), cp.asarray((0.05 * _f(_bf16(rng, k, m))).astype(bfloat16))
+    gate, up = cp.asarray(_bf16(rng, T, m)), cp.asarray(_bf16(rng, T, m))
+    results = []
+    for transposed in (False, True):
+        out = cp.full((T, 2 * m), np.nan, bfloat16)
+        sw = SwigluBackward(gate=gate, up=up, dg=out, du=out.data.ptr + 2 * m, ld_grad=2 * m,
+                            contract_rounding=True, transposed=transposed)
+        if transposed:
+            gemm(m=m, n=T, segments=[Segment(wd, m, g, k, k=k)], a_kmajor=False, b_kmajor=True, out=None,
+                 ldc=m, epilogue="swiglu_backward", swiglu=sw, engine="sm90")
+        else:
+            gemm(m=T, n=m, segments=[Segment(g, k, wd, m, k=k)], a_kmajor=True, b_kmajor=False, out=None,
+                 ldc=m, epilogue="swiglu_backward", swiglu=sw, engine="sm90")
+        results.append(out.get().astype(np.float32))
+    plain, transposed = results
+    assert not np.isnan(transposed).any() and not np.isnan(plain).any()
+    assert np.abs(plain).max() > 0
+    assert relative_error(transposed, plain) < 1e-2
+    assert (transposed == plain).mean() > 0.99
+
+
+def test_transposed_swiglu_refuses_what_it_cannot_pair():
+    """A transposed da' pairs gradient columns (m) in 4-byte words, and takes the contract's
+    epilogue only."""
+    import cupy as cp
+    from cupy_moe.gpu.gemm import Segment, SwigluBackward, gemm
+
+    rng = np.random.default_rng(3)
+    g, wd = cp.asarray(_bf16(rng, 8, 64)), cp.asarray(_bf16(rng, 64, 16))
+    gate, up, out = (cp.zeros((8, 16), bfloat16) for _ in range(3))
+    for contract in (False, True):
+        sw = SwigluBackward(gate=gate, up=up, dg=out, du=out, contract_rounding=contract, transposed=True)
+        m = 16 if not contract else 15  # the contract's epilogue, but an odd m
+        with pytest.raises(ValueError, match="transposed"):
+            gemm(m=m, n=8, segments=[Segment(wd, 16, g, 64, k=64)], a_kmajor=False, b_kmajor=True, out=None,
+                 ldc=16, epilogue="swiglu_backward", swiglu=sw, engine="sm90")
