@@ -127,8 +127,7 @@ struct Plan {
 };
 
 template <class Cfg>
-using Scheduler = TileScheduler<BM, Cfg::BN, Cfg::GROUPING, Cfg::SPLIT_K, Cfg::SPLIT_CLUSTER, BK, Cfg::SEG_ROWS,
-                                Cfg::E_INTERLEAVED>;
+using Scheduler = TileScheduler<BM, Cfg::BN, Cfg::GROUPING, Cfg::SPLIT_K, Cfg::SPLIT_CLUSTER, BK, Cfg::SEG_ROWS>;
 template <class Cfg>
 using Feed = TileFeed<Cfg::DYNAMIC>;
 
@@ -686,27 +685,23 @@ __device__ __forceinline__ void store_tile_tma(const GemmSm90Params& P, const Ti
 // computes a slice of them while the tensor cores work. Element (r, c) of the tile is d_act at
 // token n0 + c, column m0 + r: gate, up, dg and du are [n, m] arrays (rows ldc, e_ld_grad apart).
 // A lane takes the row pair 2 (lane % 8) and column lane / 8 + 4 q in iteration q: the pair is
-// one 4-byte word of each array, 8 lanes one 32-byte sector. Operands load AHEAD iterations
-// before their turn (a shift register: constant indices keep it in registers), so their latency
-// hides behind several k-steps; what is left of a tile when the CTA has no next one runs in
-// batches of DRAIN with all their loads in flight.
+// one 4-byte word of each array, 8 lanes one 32-byte sector. Operands load one slice ahead.
 template <class Cfg>
 struct InterleavedSwiglu {
   static constexpr int ITERS = Cfg::BN / 4;  // 16 rows x BN columns per warp, 2 x 1 per lane
-  static constexpr int AHEAD = 4, DRAIN = (ITERS - AHEAD + 1) / 2;  // two batches after the loaded ones
+  static constexpr int R = 4;                // iterations loaded ahead at most
   static constexpr int ROW_BYTES = Cfg::BN * 2;
   u8* rows;        // this warp's 16 staged rows; 16-byte chunk c of row r at c ^ (r % 8)
   Tile tile;
   int row0;        // the tile's first row of this warp (within the tile)
-  int next = ITERS, per = 1;  // the next iteration; iterations per k-step
-  u32 g2[AHEAD], u2[AHEAD];   // operands of iterations next .. next + AHEAD - 1
+  int next = 0, loaded = 0, per = R;
+  bool pending = false;
+  u32 g2[R], u2[R];
 
   __device__ __forceinline__ int col(int q, int lane) const { return 4 * q + lane / 8; }
 
-  // The accumulators of this warp's rows (fragment of wgmma m64nBN) into its staging rows, and
-  // the operands of the first iterations.
-  __device__ __forceinline__ void stage(const GemmParams& p, const float (&acc)[Cfg::BN / 2], const Tile& tc,
-                                        int warp_row0, int lane) {
+  // The accumulators of this warp's rows (fragment of wgmma m64nBN) into its staging rows.
+  __device__ __forceinline__ void stage(const float (&acc)[Cfg::BN / 2], const Tile& tc, int warp_row0, int lane) {
     #pragma unroll
     for (int j = 0; j < Cfg::BN / 8; ++j)
       #pragma unroll
@@ -718,69 +713,52 @@ struct InterleavedSwiglu {
     __syncwarp();
     tile = tc;
     row0 = warp_row0;
-    next = 0;
+    next = loaded = 0;
+    pending = true;
+  }
+
+  // Operands of iterations [next + loaded, + count).
+  __device__ __forceinline__ void load(const GemmParams& p, int count, int lane) {
+    const int i = tile.m0 + row0 + 2 * (lane % 8);
     #pragma unroll
-    for (int j = 0; j < AHEAD; ++j) load(p, j, g2[j], u2[j], lane);
+    for (int j = 0; j < R; ++j) {
+      if (j >= count) break;
+      const int t = tile.n0 + col(next + j, lane);
+      const bool ok = t < p.n && i < p.m;
+      const i64 at = (i64)t * p.ldc + i;
+      g2[j] = ok ? __ldg((const unsigned int*)((const bf16_t*)p.e_gate + at)) : 0u;
+      u2[j] = ok ? __ldg((const unsigned int*)((const bf16_t*)p.e_up + at)) : 0u;
+    }
+    loaded = count;
   }
 
-  __device__ __forceinline__ void load(const GemmParams& p, int q, u32& g, u32& u, int lane) const {
-    const int i = tile.m0 + row0 + 2 * (lane % 8), t = tile.n0 + col(q, lane);
-    const bool ok = q < ITERS && t < p.n && i < p.m;
-    const i64 at = (i64)t * p.ldc + i;
-    g = ok ? __ldg((const unsigned int*)((const bf16_t*)p.e_gate + at)) : 0u;
-    u = ok ? __ldg((const unsigned int*)((const bf16_t*)p.e_up + at)) : 0u;
-  }
-
-  // Iteration q from its operands: dg, du of the row pair at one token.
-  __device__ __forceinline__ void compute(const GemmParams& p, int q, u32 g, u32 u, int lane) const {
-    const int r = 2 * (lane % 8), i = tile.m0 + row0 + r, c = col(q, lane), t = tile.n0 + c;
-    if (t >= p.n || i >= p.m) return;
-    const int chunk = c / 8, half = 2 * (c % 8);
-    const float d[2] = {bf16_to_f32(*(const bf16_t*)(rows + r * ROW_BYTES + ((chunk ^ (r % 8)) << 4) + half)),
-                        bf16_to_f32(*(const bf16_t*)(rows + (r + 1) * ROW_BYTES + ((chunk ^ ((r + 1) % 8)) << 4) + half))};
-    u32 dg2, du2;
-    swiglu_grad_pair<Cfg::PACKED_CONTRACT>(d, g, u, 1.f, true, dg2, du2);
-    const i64 at = (i64)t * p.e_ld_grad + i;
-    *(u32*)((bf16_t*)p.e_dg + at) = dg2;
-    *(u32*)((bf16_t*)p.e_du + at) = du2;
-  }
-
-  // `per` iterations (under a k-step's MMAs), each loading the one AHEAD past it.
+  // The loaded iterations, then the operands of the next `per`.
   __device__ __forceinline__ void step(const GemmParams& p, int lane) {
-    for (int c = 0; c < per && next < ITERS; ++c) {
-      compute(p, next, g2[0], u2[0], lane);
-      #pragma unroll
-      for (int j = 0; j + 1 < AHEAD; ++j) {
-        g2[j] = g2[j + 1];
-        u2[j] = u2[j + 1];
-      }
-      load(p, next + AHEAD, g2[AHEAD - 1], u2[AHEAD - 1], lane);
-      ++next;
-    }
-  }
-
-  // Whatever is left of the staged tile before the next one is staged (nothing once a tile's
-  // k-steps have taken their `per`), with the accumulators live: the shift register.
-  __device__ __forceinline__ void finish(const GemmParams& p, int lane) {
-    per = ITERS;
-    step(p, lane);
-  }
-
-  // The CTA's last tile, unhidden: the loaded iterations, then batches of DRAIN with all their
-  // loads issued first (the accumulators are dead by then).
-  __device__ __forceinline__ void drain(const GemmParams& p, int lane) {
+    if (!pending) return;
+    const int r = 2 * (lane % 8), i = tile.m0 + row0 + r;
     #pragma unroll
-    for (int j = 0; j < AHEAD; ++j)
-      if (next + j < ITERS) compute(p, next + j, g2[j], u2[j], lane);
-    for (int q0 = next + AHEAD; q0 < ITERS; q0 += DRAIN) {
-      u32 g[DRAIN], u[DRAIN];
-      #pragma unroll
-      for (int j = 0; j < DRAIN; ++j) load(p, q0 + j, g[j], u[j], lane);
-      #pragma unroll
-      for (int j = 0; j < DRAIN; ++j)
-        if (q0 + j < ITERS) compute(p, q0 + j, g[j], u[j], lane);
+    for (int j = 0; j < R; ++j) {
+      if (j >= loaded) break;
+      const int c = col(next + j, lane), t = tile.n0 + c;
+      if (t >= p.n || i >= p.m) continue;
+      const int chunk = c / 8, half = 2 * (c % 8);
+      const float d[2] = {bf16_to_f32(*(const bf16_t*)(rows + r * ROW_BYTES + ((chunk ^ (r % 8)) << 4) + half)),
+                          bf16_to_f32(*(const bf16_t*)(rows + (r + 1) * ROW_BYTES + ((chunk ^ ((r + 1) % 8)) << 4) + half))};
+      u32 dg2, du2;
+      swiglu_grad_pair<Cfg::PACKED_CONTRACT>(d, g2[j], u2[j], 1.f, true, dg2, du2);
+      const i64 at = (i64)t * p.e_ld_grad + i;
+      *(u32*)((bf16_t*)p.e_dg + at) = dg2;
+      *(u32*)((bf16_t*)p.e_du + at) = du2;
     }
-    next = ITERS;
+    next += loaded;
+    load(p, min(per, ITERS - next), lane);
+    if (next >= ITERS) pending = false;
+  }
+
+  // Whatever is left of the staged tile, unhidden (short reductions, the CTA's last tile).
+  __device__ __forceinline__ void drain(const GemmParams& p, int lane) {
+    per = R;
+    while (pending) step(p, lane);
   }
 };
 
@@ -811,7 +789,7 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
     if (t >= sched.total) break;
     const Tile tc = sched.tile(t);
     const int nk = sched.k_tiles(tc);
-    if constexpr (L::E_INTERLEAVED) inter.per = max(1, (inter.ITERS + nk - 1) / max(nk, 1));
+    if constexpr (L::E_INTERLEAVED) inter.per = min(inter.R, max(1, (inter.ITERS + nk - 1) / max(nk, 1)));
     if constexpr (L::PINGPONG) {
       if (i % 2 != wg) {  // the other warpgroup's tile: its stages pass by
         const int s = stage + nk;
@@ -886,8 +864,9 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
       continue;
     }
     if constexpr (L::E_INTERLEAVED) {  // computed under the next tile's main loop
-      inter.finish(P.base, lane);
-      inter.stage(P.base, acc[0], tc, 64 * wg + 16 * warp, lane);
+      inter.drain(P.base, lane);
+      inter.stage(acc[0], tc, 64 * wg + 16 * warp, lane);
+      inter.load(P.base, min(inter.R, inter.ITERS), lane);
     } else if constexpr (L::E_STAGED) {  // hand da' to the epilogue warps once they are done with the last
       mbar_wait(&epi_bar[1], (i & 1) ^ 1);
       stage_accumulators<Cfg>(acc[0], smem + L::DACC, wg, tid);

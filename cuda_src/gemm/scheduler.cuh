@@ -26,14 +26,9 @@ struct Tile {
 };
 
 // SEG_ROWS: segments may have rows of their own (GemmParams.seg_m), and the order may be rotated.
-// M_FASTEST (ungrouped, unsplit): rows fastest instead, so CTAs running together share a B column
-// block and sweep A (SOL-080's d_act^T = Wd^T g^T: the 11 row tiles of Wd^T stay in L2 while
-// g, larger than L2 at T = 8192, is read once).
-template <int BM, int BN, int GROUPING, bool SPLIT, bool PIECES_INNER = false, int BK = 64, bool SEG_ROWS = false,
-          bool M_FASTEST = false>
+template <int BM, int BN, int GROUPING, bool SPLIT, bool PIECES_INNER = false, int BK = 64, bool SEG_ROWS = false>
 struct TileScheduler {
   static_assert(!SPLIT || GROUPING == kNone, "split-K pieces of ungrouped GEMMs only");
-  static_assert(!M_FASTEST || (GROUPING == kNone && !SPLIT && !SEG_ROWS), "rows fastest: plain GEMMs");
   static_assert(!PIECES_INNER || SPLIT || GROUPING == kKGrouped, "pieces innermost: split-K or K-grouped");
   const GemmParams& p;
   const int* tile_start;  // M-grouped: first m-tile of each group, num_groups + 1 entries (smem)
@@ -69,8 +64,8 @@ struct TileScheduler {
     if constexpr (SEG_ROWS && GROUPING == kNone)
       if (p.tile_rotation) t = (t + p.tile_rotation) % total;
     Tile c;
-    c.n0 = (M_FASTEST ? t / tiles_m : t % tiles_n) * BN;
-    int mt = M_FASTEST ? t % tiles_m : t / tiles_n;
+    c.n0 = (t % tiles_n) * BN;
+    int mt = t / tiles_n;
     c.group = 0; c.k_lo = 0; c.k_hi = 0; c.m_hi = p.m;
     if constexpr (GROUPING == kMGrouped) {
       int lo = 0, hi = p.num_groups;  // the last group whose first m-tile is <= mt
