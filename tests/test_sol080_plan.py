@@ -201,17 +201,3 @@ def test_grad_wd_first_from_5120_tokens(plan_of, monkeypatch):
     monkeypatch.setattr(sol080, "WD_FIRST", "auto")
     monkeypatch.setattr(sol080, "CONCURRENT", False)
     assert not plan_of(8192).wd_first
-
-
-def test_d_act_transposed_knob_reaches_unsplit_plans(plan_of, monkeypatch):
-    """CUPY_MOE_SOL080_D_ACT_TRANSPOSED=1 (A/B): the fused d_act as Wd^T g^T wherever d_act is
-    unsplit, odd T included (its pairs run along I); its 11 x cdiv(T, 256) tiles decide whether
-    the router runs beside it (T = 2053: 99 tiles, 33 SMs free; T = 3072: 132 tiles, none)."""
-    from cupy_moe.gpu import sol080
-
-    assert not plan_of(2053).act_transposed  # off by default
-    monkeypatch.setattr(sol080, "D_ACT_TRANSPOSED", "1")
-    monkeypatch.setattr(sol080, "WD_FIRST", "0")
-    plans = {T: plan_of(T) for T in (192, 997, 2053, 3072, 8192)}
-    assert [p.act_transposed for p in plans.values()] == [False] + [True] * 4
-    assert [p.router_beside for p in plans.values()] == [True, True, True, False, True]

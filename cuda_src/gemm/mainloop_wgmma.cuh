@@ -53,10 +53,7 @@ struct Plan {
   static constexpr int HALVES = PINGPONG ? 2 : 1;     // 64-row accumulator blocks per warpgroup
   static constexpr int WG_ROWS = 64 * HALVES;
   static constexpr int STAGING = Cfg::STAGES * STAGE_BYTES;        // per consumer warpgroup:
-  // Its rows in bf16: for TMA stores, or (E_INTERLEAVED) for the SwiGLU epilogue spread over the
-  // next tile's main loop.
-  static constexpr bool E_INTERLEAVED = Cfg::E_INTERLEAVED;
-  static constexpr int STAGING_BYTES = TMA_STORE || E_INTERLEAVED ? WG_ROWS * Cfg::BN * 2 : 0;
+  static constexpr int STAGING_BYTES = TMA_STORE ? WG_ROWS * Cfg::BN * 2 : 0;  // its rows in bf16
   // SwiGLU backward with E_STAGED: the consumers leave each tile's fp32 accumulators (da') in
   // this buffer and go on with the next tile; E_WARPS epilogue warps (the producer warpgroup's
   // spare warps 1..3 and a fourth warpgroup) turn them into dg, du (and aw, dw) meanwhile,
@@ -118,9 +115,6 @@ struct Plan {
                 "K-grouped GEMMs reduce over memory lines: both operands MN-major");
   static_assert(!E_STAGED || (Cfg::EPILOGUE == kSwigluBackward && !PINGPONG && !Cfg::C_TMA && !CPA &&
                                Cfg::BN == 128), "staged SwiGLU epilogue: cooperative 128 x 128, TMA loads");
-  static_assert(!E_INTERLEAVED || (Cfg::EPILOGUE == kSwigluBackward && !PINGPONG && !Cfg::C_TMA && !CPA &&
-                                    !E_STAGED && Cfg::GROUPING == kNone && !Cfg::SPLIT_K && Cfg::BN == 256),
-                "interleaved SwiGLU epilogue: cooperative 128 x 256, ungrouped, TMA loads");
   static_assert(THREADS == HOST_THREADS, "Sm90Config.threads (cupy_moe/gpu/gemm.py) disagrees with this block");
   static_assert(SCHEDULE == HOST_TABLE_OFFSET,
                 "Sm90Config.smem_bytes (cupy_moe/gpu/gemm.py) disagrees with this layout");
@@ -677,91 +671,6 @@ __device__ __forceinline__ void store_tile_tma(const GemmSm90Params& P, const Ti
   }
 }
 
-// SOL-080's SwiGLU backward (contract rounding) on d_act^T = Wd^T g^T (Cfg::E_INTERLEAVED): the
-// GEMM's rows are the gradient's columns (I = 1408 in 11 tiles of 128, T in tiles of 256, none
-// padded), and its epilogue runs on the consumers themselves, spread over the next tile's main
-// loop: each warp leaves its 16 rows of the tile, rounded to bf16 (the contract's d_act), in its
-// part of the staging buffer, and during the next tile, after each k-step's MMAs are issued,
-// computes a slice of them while the tensor cores work. Element (r, c) of the tile is d_act at
-// token n0 + c, column m0 + r: gate, up, dg and du are [n, m] arrays (rows ldc, e_ld_grad apart).
-// A lane takes the row pair 2 (lane % 8) and column lane / 8 + 4 q in iteration q: the pair is
-// one 4-byte word of each array, 8 lanes one 32-byte sector. Operands load one slice ahead.
-template <class Cfg>
-struct InterleavedSwiglu {
-  static constexpr int ITERS = Cfg::BN / 4;  // 16 rows x BN columns per warp, 2 x 1 per lane
-  static constexpr int R = 4;                // iterations loaded ahead at most
-  static constexpr int ROW_BYTES = Cfg::BN * 2;
-  u8* rows;        // this warp's 16 staged rows; 16-byte chunk c of row r at c ^ (r % 8)
-  Tile tile;
-  int row0;        // the tile's first row of this warp (within the tile)
-  int next = 0, loaded = 0, per = R;
-  bool pending = false;
-  u32 g2[R], u2[R];
-
-  __device__ __forceinline__ int col(int q, int lane) const { return 4 * q + lane / 8; }
-
-  // The accumulators of this warp's rows (fragment of wgmma m64nBN) into its staging rows.
-  __device__ __forceinline__ void stage(const float (&acc)[Cfg::BN / 2], const Tile& tc, int warp_row0, int lane) {
-    #pragma unroll
-    for (int j = 0; j < Cfg::BN / 8; ++j)
-      #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = lane / 4 + 8 * h;
-        *(u32*)(rows + r * ROW_BYTES + ((j ^ (r % 8)) << 4) + 4 * (lane % 4)) =
-            pack_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-      }
-    __syncwarp();
-    tile = tc;
-    row0 = warp_row0;
-    next = loaded = 0;
-    pending = true;
-  }
-
-  // Operands of iterations [next + loaded, + count).
-  __device__ __forceinline__ void load(const GemmParams& p, int count, int lane) {
-    const int i = tile.m0 + row0 + 2 * (lane % 8);
-    #pragma unroll
-    for (int j = 0; j < R; ++j) {
-      if (j >= count) break;
-      const int t = tile.n0 + col(next + j, lane);
-      const bool ok = t < p.n && i < p.m;
-      const i64 at = (i64)t * p.ldc + i;
-      g2[j] = ok ? __ldg((const unsigned int*)((const bf16_t*)p.e_gate + at)) : 0u;
-      u2[j] = ok ? __ldg((const unsigned int*)((const bf16_t*)p.e_up + at)) : 0u;
-    }
-    loaded = count;
-  }
-
-  // The loaded iterations, then the operands of the next `per`.
-  __device__ __forceinline__ void step(const GemmParams& p, int lane) {
-    if (!pending) return;
-    const int r = 2 * (lane % 8), i = tile.m0 + row0 + r;
-    #pragma unroll
-    for (int j = 0; j < R; ++j) {
-      if (j >= loaded) break;
-      const int c = col(next + j, lane), t = tile.n0 + c;
-      if (t >= p.n || i >= p.m) continue;
-      const int chunk = c / 8, half = 2 * (c % 8);
-      const float d[2] = {bf16_to_f32(*(const bf16_t*)(rows + r * ROW_BYTES + ((chunk ^ (r % 8)) << 4) + half)),
-                          bf16_to_f32(*(const bf16_t*)(rows + (r + 1) * ROW_BYTES + ((chunk ^ ((r + 1) % 8)) << 4) + half))};
-      u32 dg2, du2;
-      swiglu_grad_pair<Cfg::PACKED_CONTRACT>(d, g2[j], u2[j], 1.f, true, dg2, du2);
-      const i64 at = (i64)t * p.e_ld_grad + i;
-      *(u32*)((bf16_t*)p.e_dg + at) = dg2;
-      *(u32*)((bf16_t*)p.e_du + at) = du2;
-    }
-    next += loaded;
-    load(p, min(per, ITERS - next), lane);
-    if (next >= ITERS) pending = false;
-  }
-
-  // Whatever is left of the staged tile, unhidden (short reductions, the CTA's last tile).
-  __device__ __forceinline__ void drain(const GemmParams& p, int lane) {
-    per = R;
-    while (pending) step(p, lane);
-  }
-};
-
 // A consumer warpgroup's tiles: all of them (cooperative, rows 64 wg ... 64 wg + 63 of each) or
 // every other one (ping-pong: wg owns the CTA's tiles i with i % 2 == wg, skipping the stages of
 // the others', and waits for its turn at the tensor cores: turn[wg] completes when the other
@@ -782,14 +691,11 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
   };
   // Row offset of accumulator block b within the tile.
   auto row_off = [&](int b) { return L::PINGPONG ? 64 * b : 64 * wg; };
-  InterleavedSwiglu<Cfg> inter;  // (E_INTERLEAVED only)
-  if constexpr (L::E_INTERLEAVED) inter.rows = smem + L::STAGING + wg * L::STAGING_BYTES + warp * 16 * inter.ROW_BYTES;
   for (int i = 0;; ++i) {
     const int t = feed.read(i, lane);
     if (t >= sched.total) break;
     const Tile tc = sched.tile(t);
     const int nk = sched.k_tiles(tc);
-    if constexpr (L::E_INTERLEAVED) inter.per = min(inter.R, max(1, (inter.ITERS + nk - 1) / max(nk, 1)));
     if constexpr (L::PINGPONG) {
       if (i % 2 != wg) {  // the other warpgroup's tile: its stages pass by
         const int s = stage + nk;
@@ -811,7 +717,6 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
     for (int kt = 0; kt < nk; ++kt) {
       mbar_wait(&full[stage], phase);
       if (idle) {
-        if constexpr (L::E_INTERLEAVED) inter.step(P.base, lane);
         release(stage);
         if (++stage == Cfg::STAGES) { stage = 0; phase ^= 1; }
         continue;
@@ -842,7 +747,6 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
         }
       }
       wgmma_commit();
-      if constexpr (L::E_INTERLEAVED) inter.step(P.base, lane);  // under this k-step's MMAs
       #pragma unroll
       for (int b = 0; b < HV; ++b) fence_operands(acc[b]);
       wgmma_wait<1>();  // the previous stage's MMAs are done: hand its buffers back
@@ -863,11 +767,7 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
       stage_accumulators<Cfg>(acc[0], smem, wg, tid);
       continue;
     }
-    if constexpr (L::E_INTERLEAVED) {  // computed under the next tile's main loop
-      inter.drain(P.base, lane);
-      inter.stage(acc[0], tc, 64 * wg + 16 * warp, lane);
-      inter.load(P.base, min(inter.R, inter.ITERS), lane);
-    } else if constexpr (L::E_STAGED) {  // hand da' to the epilogue warps once they are done with the last
+    if constexpr (L::E_STAGED) {  // hand da' to the epilogue warps once they are done with the last
       mbar_wait(&epi_bar[1], (i & 1) ^ 1);
       stage_accumulators<Cfg>(acc[0], smem + L::DACC, wg, tid);
       mbar_arrive(&epi_bar[0]);
@@ -884,7 +784,6 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
       }
     }
   }
-  if constexpr (L::E_INTERLEAVED) inter.drain(P.base, lane);
   if (L::TMA_STORE && tid == 0) bulk_wait();
 }
 

@@ -177,8 +177,6 @@ class Sm90Config:
     SEG_ROWS: bool = False  # segments with rows of their own (Segment.m), a rotated tile order
     DYNAMIC: bool = False  # tiles claimed as the CTAs go (DYNAMIC_TILES; GemmParams.tile_counter)
     C_TRANS: bool = False  # the result stored transposed (gemm(out_transposed)), by TMA
-    E_INTERLEAVED: bool = False  # SwiGLU contract epilogue of d_act^T on the consumers, spread over
-    # the next tile's main loop (SwigluBackward.transposed)
 
     BM = 128
     BK = 64
@@ -191,7 +189,7 @@ class Sm90Config:
 
     def smem_bytes(self, num_groups: int) -> int:
         stage = (self.BM + self.BN) * self.BK * 2
-        staging = (2 if self.PINGPONG else 1) * self.BM * self.BN * 2 if self.C_TMA or self.E_INTERLEAVED else 0
+        staging = (2 if self.PINGPONG else 1) * self.BM * self.BN * 2 if self.C_TMA else 0
         epilogue = self.BM * self.BN * 4 + 16 if self.E_STAGED else 0
         feed = 4 * (4 + 8 + 8) + 16  # TileFeed: 4 slots, their full and empty barriers, 1 int
         return 1024 + self.STAGES * (stage + 16) + staging + epilogue + 16 + feed + 4 * (num_groups + 1)
@@ -208,9 +206,7 @@ class Sm90Config:
             bn = 64 if n <= 64 else 128
             most = 8
         else:
-            if flags.get("E_INTERLEAVED"):
-                bn = 256
-            elif flags.get("E_STAGED") or flags.get("SPLIT_CLUSTER"):
+            if flags.get("E_STAGED") or flags.get("SPLIT_CLUSTER"):
                 bn = 128
             elif wide or wide_tiles_pay(n, flags.get("GROUPING", 0)) and m_tiles * cdiv(n, 256) >= sms:
                 bn = 256
@@ -218,8 +214,7 @@ class Sm90Config:
                 bn = 64
             else:
                 bn = 128
-            most = {256: 4, 128: 6, 64: 8}[bn] - ((flags.get("C_TMA", False) or flags.get("E_INTERLEAVED", False))
-                                                 and bn > 64)
+            most = {256: 4, 128: 6, 64: 8}[bn] - (flags.get("C_TMA", False) and bn > 64)
         probe = cls(BN=bn, STAGES=0, PINGPONG=pingpong, **flags)
         fit = (cls.SMEM_LIMIT - probe.smem_bytes(num_groups)) // ((cls.BM + bn) * cls.BK * 2 + 16)
         return cls(BN=bn, STAGES=min(most, fit), PINGPONG=pingpong, **flags)
@@ -280,11 +275,7 @@ class SwigluBackward:
     Every [rows, n] array shares C's leading dimension, except dg and du with ld_grad (when not
     0). contract_rounding: SOL-080's rounding points (sol080.md steps 3-4: da' rounded to bf16
     first, t = bf16(da' u), du = da' bf16(silu(g))), without routing weights; the Hopper loop
-    only (see sm90_applies). transposed (with contract_rounding; the Hopper loop only, m even): the
-    GEMM computes da'^T, its rows the gradient's columns (SOL-080's d_act as Wd^T g^T: I = 1408
-    rows in 11 tiles of 128, T columns in tiles of 256, none padded); gate, up, dg and du are
-    [n, m] arrays (rows ldc and ld_grad apart), and the epilogue runs on the consumer warpgroups
-    spread over the next tile's main loop (Sm90Config.E_INTERLEAVED)."""
+    only (see sm90_applies)."""
 
     gate: object
     up: object
@@ -297,7 +288,6 @@ class SwigluBackward:
     dw: object = None
     ld_grad: int = 0
     contract_rounding: bool = False
-    transposed: bool = False
 
 
 def _aligned(*values) -> bool:
@@ -382,7 +372,7 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
            tuple((_addr(s.a), s.lda, _addr(s.b), s.ldb, s.k, s.b_group_stride, s.m) for s in segments),
            None if sw is None else tuple(opt(a) for a in (sw.gate, sw.up, sw.dg, sw.du, sw.act,
                                                          sw.weights, sw.row_index, sw.aw, sw.dw))
-           + (sw.ld_grad, sw.contract_rounding, sw.transposed))
+           + (sw.ld_grad, sw.contract_rounding))
     if k_splits > 1 and epilogue != "f32":
         assert SPLIT_CLUSTER and k_splits <= 8 and (sw is None or sw.act is None and sw.aw is None), \
             "in-kernel split-K sums: at most 8 pieces, no routed-expert SwiGLU outputs"
@@ -490,19 +480,12 @@ def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, g
                  GATHER_B=gather_b is not None, GROUPING=GROUPINGS[grouping],
                  EPILOGUE=EPILOGUES[epilogue])
     why = "the mma engine" if engine == "mma" else _sm90_unsupported(
-        m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stride, flags["GATHER_A"], flags["GATHER_B"],
-        pairs_along_n=sw is None or not sw.transposed)
+        m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stride, flags["GATHER_A"], flags["GATHER_B"])
     if out_transposed:
         why = why or _transposed_store_unsupported(epilogue, grouping, k_splits, f32_head, ldc, c_group_stride)
         if why is not None:
             raise ValueError(f"out_transposed does not apply: {why}")
         flags["C_TRANS"] = True
-    if sw is not None and sw.transposed:
-        why = why or _interleaved_unsupported(m, sw, k_splits, grouping, p)
-        if why is not None:
-            raise ValueError(f"SwigluBackward.transposed does not apply: {why}")
-        flags["E_INTERLEAVED"] = True
-        p.e_ld_grad = p.e_ld_grad or p.ldc
     if engine != "mma":
         if why is None:
             return _prepare_sm90(p, segments, m, n, grouping, num_groups,
@@ -527,11 +510,10 @@ def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, g
     return _prepare_mma(p, segments, m, n, grouping, num_groups, flags)
 
 
-def sm90_applies(m, n, segments, a_kmajor, b_kmajor, out=None, ldc=None, pairs_along_n=True) -> bool:
-    """Whether gemm() takes the Hopper main loop for these operands (no gathers). pairs_along_n
-    False: the result's elements pair along m instead (SwigluBackward.transposed), n may be odd."""
+def sm90_applies(m, n, segments, a_kmajor, b_kmajor, out=None, ldc=None) -> bool:
+    """Whether gemm() takes the Hopper main loop for these operands (no gathers)."""
     return _sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, n if ldc is None else ldc,
-                             0, False, False, pairs_along_n) is None
+                             0, False, False) is None
 
 
 def transposed_applies(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stride=0,
@@ -539,19 +521,6 @@ def transposed_applies(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_str
     """Whether gemm(out_transposed=True) takes these operands (bf16 result, no gathers, unsplit)."""
     return (_sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stride, False, False)
             or _transposed_store_unsupported("bf16", grouping, 1, None, ldc, c_group_stride)) is None
-
-
-def _interleaved_unsupported(m, sw, k_splits, grouping, p):
-    """None when the SwiGLU contract epilogue of a transposed da' applies (E_INTERLEAVED), else
-    the reason: 4-byte pairs of gradient columns in every array."""
-    if not sw.contract_rounding or sw.act is not None or sw.aw is not None or sw.weights is not None:
-        return "a transposed da' takes the contract's epilogue only (no routed-expert outputs)"
-    if k_splits != 1 or grouping != "none":
-        return "a transposed da' needs an ungrouped, unsplit GEMM"
-    if m % 2 or p.ldc % 2 or (p.e_ld_grad or p.ldc) % 2 or any(
-            a % 4 for a in (p.e_gate, p.e_up, p.e_dg, p.e_du)):
-        return "a transposed da' needs even rows and 4-byte aligned arrays"
-    return None
 
 
 def _transposed_store_unsupported(epilogue, grouping, k_splits, f32_head, ldc, c_group_stride):
@@ -563,8 +532,7 @@ def _transposed_store_unsupported(epilogue, grouping, k_splits, f32_head, ldc, c
     return "a transposed result needs bf16 TMA stores (ungrouped or K-grouped, rows of 8)"
 
 
-def _sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stride, copy_a, copy_b,
-                      pairs_along_n=True):
+def _sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stride, copy_a, copy_b):
     """None when the Hopper main loop applies, else the reason. TMA needs 16-byte aligned
     addresses and strides; gathered operands (cp.async) move whole 16-byte chunks, so their line
     lengths must be multiples of 8; the epilogue stores element pairs."""
@@ -580,7 +548,7 @@ def _sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stri
             return "an operand stride is not a multiple of 8 elements"
         if copy_a and (s.k if a_kmajor else m) % 8 or copy_b and (s.k if b_kmajor else n) % 8:
             return "a copied operand's line length is not a multiple of 8 elements"
-    if (n if pairs_along_n else m) % 2 or ldc % 2 or c_group_stride % 2 or out is not None and _addr(out) % 16:
+    if n % 2 or ldc % 2 or c_group_stride % 2 or out is not None and _addr(out) % 16:
         return "the output is not stored in element pairs"
     return None
 
@@ -607,9 +575,7 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
     cluster = k_splits > 1 and flags["EPILOGUE"] != EPILOGUES["f32"] or halves
     if cluster:
         pingpong = c_tma = False
-    if flags.get("E_INTERLEAVED"):
-        pingpong = False
-    staged = not pingpong and not cluster and not flags.get("E_INTERLEAVED") and _epilogue_staged(p, n, flags)
+    staged = not pingpong and not cluster and _epilogue_staged(p, n, flags)
     # Claims need a counter pair of the launch's own (none is made inside a stream capture: that
     # launch keeps the static order). A cluster's CTAs take one tile each, their rank's: no claims.
     if dynamic is None:
@@ -821,7 +787,4 @@ def example_sm90_configs():
                                  C_TRANS=True, GROUPING=2, DYNAMIC=True))
     out.append(Sm90Config.choose(11, 4096, 132, 0, True, A_KMAJOR=False, B_KMAJOR=False, C_TMA=True,
                                  C_TRANS=True))
-    # SOL-080's d_act^T = Wd^T g^T with the SwiGLU contract interleaved into the main loop.
-    out.append(Sm90Config.choose(11, 8192, 132, 0, False, A_KMAJOR=False, B_KMAJOR=True, EPILOGUE=3,
-                                 E_INTERLEAVED=True))
     return out

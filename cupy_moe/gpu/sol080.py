@@ -43,7 +43,6 @@ CUPY_MOE_SOL080_STREAMS=0 keeps everything on one stream (the router kernel firs
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -116,13 +115,6 @@ _SMALL_T_ORDER_MIN_M_TILES = 3
 # 3089 +7..+30; bench/NOTES.md v0.12); "1": wherever d_act is unsplit; "0": never.
 WD_FIRST = os.environ.get("CUPY_MOE_SOL080_WD_FIRST", "auto")
 _WD_FIRST_MIN_T = 5120
-# d_act as d_act^T = Wd^T g^T (A/B, not yet the default): I = 1408 rows in 11 tiles of 128 and T
-# in tiles of 256, 128 x 256 tiles with none padded, where d_act = g Wd takes 128 x 128 (the
-# staged epilogue's width; n = 1408 is no multiple of 256), whose operand reads per MMA outrun
-# the shared-memory port (77-79% of the tensor rate at T = 6144 / 8192). The SwiGLU contract then
-# runs on the consumers, a slice after each k-step's MMAs of the next tile (gemm
-# SwigluBackward.transposed). "1": wherever d_act is unsplit on the Hopper loop; "0": never.
-D_ACT_TRANSPOSED = os.environ.get("CUPY_MOE_SOL080_D_ACT_TRANSPOSED", "0")
 _side = {}  # (device, stream) -> _Side
 
 
@@ -201,7 +193,6 @@ class _Plan:
     wd_transposed: bool = False           # grad_Wd as (act^T g)^T where that applies (WD_TRANSPOSED)
     small_t_order: str = ""               # SMALL_T_ORDER's answer where d_act is split
     wd_first: bool = False                # grad_Wd first with the router beside it (WD_FIRST)
-    act_transposed: bool = False          # fused d_act as Wd^T g^T in 128 x 256 tiles (D_ACT_TRANSPOSED)
 
     @classmethod
     def of(cls, g, x, wr, wg, wu, wd, gate):
@@ -218,11 +209,8 @@ class _Plan:
                                      True, False)
         act_splits = k_splits_for(T, I, H) if d_act_on_sm90 else 1
         act_fused = d_act_on_sm90 and act_splits == 1 and FUSED_D_ACT
-        act_transposed = act_fused and D_ACT_TRANSPOSED == "1" and I % 2 == 0 and sm90_applies(
-            I, T, [Segment(wd, I, g, H, k=H)], False, True, ldc=I, pairs_along_n=False)
         sms = device_sms()
-        d_act_tiles = (cdiv(I, _D_ACT_TILE) * cdiv(T, 2 * _D_ACT_TILE) if act_transposed else
-                       cdiv(T, _D_ACT_TILE) * cdiv(I, _D_ACT_TILE))
+        d_act_tiles = cdiv(T, _D_ACT_TILE) * cdiv(I, _D_ACT_TILE)
         router_beside = CONCURRENT and d_act_on_sm90 and act_splits == 1 and (
             sms - even_round_ctas(d_act_tiles, sms) >= _ROUTER_SMS)
         wide_tiles = cdiv(T, _D_ACT_TILE) * cdiv(I, 2 * _D_ACT_TILE)
@@ -251,8 +239,7 @@ class _Plan:
                    wd_pingpong=_knob(WD_PINGPONG, T <= _WD_PINGPONG_MAX_T),
                    wgu_pingpong=_knob(WGU_PINGPONG, T <= _WGU_PINGPONG_MAX_T),
                    wd_transposed=_knob(WD_TRANSPOSED, T >= _WD_TRANSPOSED_MIN_T),
-                   small_t_order=small_t_order if act_splits > 1 else "", wd_first=wd_first,
-                   act_transposed=act_transposed and not act_wide)
+                   small_t_order=small_t_order if act_splits > 1 else "", wd_first=wd_first)
 
 
 @dataclass(frozen=True)
@@ -465,10 +452,6 @@ def _d_act_gemm(inputs: _Inputs, ws: _Workspace, plan: _Plan) -> dict:
     if plan.act_splits > 1:
         return dict(common, out=ws.act_pieces, epilogue="f32", k_splits=plan.act_splits,
                     c_group_stride=T * I)
-    if plan.act_transposed:  # d_act^T = Wd^T g^T: rows are d_act's columns
-        sw = dataclasses.replace(swiglu["swiglu"], transposed=True)
-        return dict(swiglu, swiglu=sw, m=I, n=T, segments=[Segment(inputs.wd, I, inputs.g, H, k=H)],
-                    a_kmajor=False, b_kmajor=True, ldc=I)
     if plan.act_fused:
         return dict(common, **swiglu)
     return dict(common, out=ws.d_act, wide=plan.act_wide)
