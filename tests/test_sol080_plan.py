@@ -182,22 +182,26 @@ def test_small_t_order_knob_reaches_only_split_plans(plan_of, monkeypatch):
     assert sol080._dgrad_ctas(g(192), plan_of(192)) == 128
 
 
-def test_grad_wd_first_from_5120_tokens(plan_of, monkeypatch):
+def test_grad_wd_first_from_5120_tokens_and_where_the_router_would_go_first(plan_of, monkeypatch):
     """CUPY_MOE_SOL080_WD_FIRST: "auto" runs grad_Wd first with the router beside it from
-    T = 5120 (of the workloads 6144 and 8192), "1" wherever d_act is unsplit (the router then
-    never runs beside d_act), "0" nowhere; never where d_act is split or on one stream."""
+    T = 5120 (of the workloads 6144 and 8192) and where d_act would leave the router no room
+    (T = 3072), with the router wgrad inside grad_[Wg; Wu] there (FUSED_WGRAD "auto"); "1"
+    wherever d_act is unsplit (the router then never runs beside d_act), "0" nowhere; never
+    where d_act is split or on one stream."""
     from cupy_moe.gpu import sol080
 
-    Ts = (192, 997, 2053, 3072, 4093, 6144, 8192)
+    Ts = (192, 997, 2053, 3072, 3089, 4093, 6144, 8192)
     plans = [plan_of(T) for T in Ts]
-    assert [p.wd_first for p in plans] == [False] * 5 + [True] * 2
-    assert [p.router_beside for p in plans] == [True] * 3 + [False, True, False, False]
+    assert [p.wd_first for p in plans] == [False] * 3 + [True, False, False, True, True]
+    assert [p.router_beside for p in plans] == [True] * 3 + [False, True, True, False, False]
+    assert [p.wgrad_fused for p in plans] == [False] * 3 + [True, False, True, True, True]
     monkeypatch.setattr(sol080, "WD_FIRST", "1")
     plans = [plan_of(T) for T in Ts]
-    assert [p.wd_first for p in plans] == [False] + [True] * 6
-    assert [p.router_beside for p in plans] == [True] + [False] * 6
+    assert [p.wd_first for p in plans] == [False] + [True] * 7
+    assert [p.router_beside for p in plans] == [True] + [False] * 7
     monkeypatch.setattr(sol080, "WD_FIRST", "0")
     assert not any(plan_of(T).wd_first for T in Ts)
+    assert not plan_of(3072).wgrad_fused
     monkeypatch.setattr(sol080, "WD_FIRST", "auto")
     monkeypatch.setattr(sol080, "CONCURRENT", False)
     assert not plan_of(8192).wd_first

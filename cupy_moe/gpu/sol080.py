@@ -43,6 +43,7 @@ CUPY_MOE_SOL080_STREAMS=0 keeps everything on one stream (the router kernel firs
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -110,11 +111,18 @@ _SMALL_T_ORDER_MIN_M_TILES = 3
 # grad_Wd (which reads neither d_act nor the routing) first on the main stream, on the fewest CTAs
 # that keep its rounds, with the router kernel beside it on the SMs that leaves, and d_act after
 # it; instead of the router beside d_act (or first, alone, where d_act's rounds fill every SM:
-# T = 3072, 6144) and grad_Wd on the side stream. "auto": from _WD_FIRST_MIN_T tokens (T = 6144
-# -32 us, 8192 -14; 4093 -1; 3072 +7, where the router wgrad then ends the call alone, and 997 ..
-# 3089 +7..+30; bench/NOTES.md v0.12); "1": wherever d_act is unsplit; "0": never.
+# T = 3072, 6144) and grad_Wd on the side stream. The router wgrad then runs inside grad_[Wg; Wu]
+# (FUSED_WGRAD "auto"). "auto": from _WD_FIRST_MIN_T tokens and where the router would go first
+# (T = 6144 -32 us, 8192 -14, 3072 -20 with the fused router wgrad; 4093 -1; 997 .. 3089 +7..+30
+# alone, 3089 -5 with the fused wgrad, 1321 +16; bench/NOTES.md v0.12); "1": wherever d_act is
+# unsplit; "0": never.
 WD_FIRST = os.environ.get("CUPY_MOE_SOL080_WD_FIRST", "auto")
 _WD_FIRST_MIN_T = 5120
+# The launches the dgrad waits for and the dgrad itself (d_act, its SwiGLU / sum kernels, the
+# dgrad's sum) take the device's highest execution priority (_launch.priority), the rest the
+# stream's: where the side stream's grad_Wd becomes ready with the dgrad (T = 192: both when the
+# router ends), the dgrad's CTAs are dispatched first. "1" on, "0" off (A/B).
+PRIORITY = os.environ.get("CUPY_MOE_SOL080_PRIORITY", "0")
 _side = {}  # (device, stream) -> _Side
 
 
@@ -200,13 +208,6 @@ class _Plan:
         I, E = gate.shape[1], wr.shape[0]
         d_act_on_sm90 = sm90_applies(T, I, [Segment(g, H, wd, I, k=H)], True, False)
         # The workspace (256-byte aligned) stands in as address 0: byte offsets for addresses.
-        acts = _Acts(I, E)
-        wanted = _knob(FUSED_WGRAD, not router.summed_in_the_gemm(T, E))
-        wgrad_fused = wanted and sm90_applies(E + 2 * I, H, acts.wgrad_segments(0, x, H, T), False, False)
-        hi = Segment(acts.at(0, acts.hi), acts.ld, wr, H, k=E) if wgrad_fused else Segment(0, 2 * E, wr, H, k=E)
-        dgrad_on_sm90 = sm90_applies(T, H, [Segment(acts.at(0, acts.du), acts.ld, wu, H, k=I),
-                                            Segment(acts.at(0, acts.dg), acts.ld, wg, H, k=I), hi],
-                                     True, False)
         act_splits = k_splits_for(T, I, H) if d_act_on_sm90 else 1
         act_fused = d_act_on_sm90 and act_splits == 1 and FUSED_D_ACT
         sms = device_sms()
@@ -226,10 +227,19 @@ class _Plan:
             if fewer >= 2:
                 act_splits, router_beside = min(act_splits, fewer), True
         wd_first = CONCURRENT and d_act_on_sm90 and act_splits == 1 and not act_wide and _knob(
-            WD_FIRST, T >= _WD_FIRST_MIN_T)
+            WD_FIRST, T >= _WD_FIRST_MIN_T or not router_beside)
         small_t_order = SMALL_T_ORDER if SMALL_T_ORDER != "auto" else (
             "wgu-main" if cdiv(T, _D_ACT_TILE) >= _SMALL_T_ORDER_MIN_M_TILES else "")
         router_beside = router_beside and not wd_first
+        acts = _Acts(I, E)
+        # (grad_Wd first pays only with the router wgrad inside grad_[Wg; Wu]: its own GEMM would
+        # end the call alone; T = 3072 -20 us with both, +8 with grad_Wd first alone.)
+        wanted = _knob(FUSED_WGRAD, not router.summed_in_the_gemm(T, E) or wd_first)
+        wgrad_fused = wanted and sm90_applies(E + 2 * I, H, acts.wgrad_segments(0, x, H, T), False, False)
+        hi = Segment(acts.at(0, acts.hi), acts.ld, wr, H, k=E) if wgrad_fused else Segment(0, 2 * E, wr, H, k=E)
+        dgrad_on_sm90 = sm90_applies(T, H, [Segment(acts.at(0, acts.du), acts.ld, wu, H, k=I),
+                                            Segment(acts.at(0, acts.dg), acts.ld, wg, H, k=I), hi],
+                                     True, False)
         return cls(act_splits=act_splits, act_fused=act_fused,
                    dgrad_splits=k_splits_for(T, H, 2 * I + E) if dgrad_on_sm90 else 1,
                    router_beside=router_beside, even_rounds=EVEN_ROUNDS, wgrad_at=WGRAD_AT,
@@ -385,8 +395,11 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
         if plan.wd_first:
             router_kernel()
             side.router_done.record()
-    gemm(**d_act)
-    _finish_d_act(inputs, ws, plan, d_act["cancel"])
+    critical = lambda: (_launch.priority(_launch.highest_priority(cp.cuda.Device().id)) if PRIORITY == "1"
+                        else contextlib.nullcontext())
+    with critical():
+        gemm(**d_act)
+        _finish_d_act(inputs, ws, plan, d_act["cancel"])
     with side.stream if side else main:
         if plan.router_beside:
             router_kernel()
@@ -401,8 +414,9 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
         main.wait_event(side.router_done)
     if plan.wgrad_at == "early":
         router_wgrad()
-    gemm(**dgrad)
-    _finish_dgrad(grad_h, ws, plan, cancel)
+    with critical():
+        gemm(**dgrad)
+        _finish_dgrad(grad_h, ws, plan, cancel)
     if wgu_on_main:
         gemm(**wgu_grad)
     # The router wgrad goes on the branch that ends first: the side one at small T, where the
