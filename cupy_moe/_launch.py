@@ -72,11 +72,20 @@ def priority(level):
 
 @lru_cache(maxsize=None)
 def highest_priority(device_id: int) -> int:
-    """The device's greatest (numerically lowest) execution priority."""
+    """The device's greatest (numerically lowest) execution priority (cuCtxGetStreamPriorityRange
+    in its context; 0, every launch's default, where the driver cannot say)."""
     import cupy
 
+    try:
+        f = ctypes.CDLL("libcuda.so.1").cuCtxGetStreamPriorityRange
+    except (OSError, AttributeError):
+        return 0
+    least, greatest = ctypes.c_int(0), ctypes.c_int(0)
     with cupy.cuda.Device(device_id):
-        return int(cupy.cuda.runtime.deviceGetStreamPriorityRange()[1])
+        cupy.cuda.runtime.free(0)  # the device's context is current
+        if f(ctypes.byref(least), ctypes.byref(greatest)) != 0:
+            return 0
+    return int(greatest.value)
 
 
 def _priority_attribute(level: int) -> _LaunchAttribute:
