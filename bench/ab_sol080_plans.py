@@ -9,8 +9,7 @@ d_act's and the dgrad's), rcluster=0|1 (router.SUM_IN_GEMM: the router wgrad's),
 CONFIG_OVERRIDE: the same bits), wide=0|1 (sol080.WIDE_D_ACT), dyn=grouped|all|none
 (gemm.DYNAMIC_TILES: the same bits), fwgrad=auto|0|1 (sol080.FUSED_WGRAD), wdpp=auto|0|1
 (sol080.WD_PINGPONG), wgupp=auto|0|1 (sol080.WGU_PINGPONG), wdt=auto|0|1
-(sol080.WD_TRANSPOSED), sto=auto|cap|wgu-main|"" (sol080.SMALL_T_ORDER; sto= for none), wdf=auto|0|1 (sol080.WD_FIRST),
-prio=0|1 (sol080.PRIORITY); "base" is the defaults, e.g.
+(sol080.WD_TRANSPOSED), sto=auto|cap|wgu-main|"" (sol080.SMALL_T_ORDER; sto= for none), wdf=auto|0|1 (sol080.WD_FIRST); "base" is the defaults, e.g.
 `python bench/ab_sol080_plans.py base even=wgu wgrad=side-early pdl=0`.
 Usage (device): PYTHONPATH=. python bench/ab_sol080_plans.py [--reps 20] [--T 192,8192] VARIANT...
 """
@@ -61,7 +60,6 @@ def main():
         sol080.WD_TRANSPOSED = knobs.pop("wdt", "0")
         sol080.SMALL_T_ORDER = knobs.pop("sto", "auto")
         sol080.WD_FIRST = knobs.pop("wdf", "auto")
-        sol080.PRIORITY = knobs.pop("prio", "0")
         assert not knobs, f"unknown knobs {knobs}"
 
     def arith():  # the knobs that change the order of an fp32 sum or the SwiGLU kernel

@@ -11,8 +11,6 @@ capture keeps these as programmatic edges. CUPY_MOE_PDL=0 (or PDL = False) launc
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import ctypes
 import os
 from functools import lru_cache
@@ -20,7 +18,6 @@ from functools import lru_cache
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 _CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
 _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
-_CU_LAUNCH_ATTRIBUTE_PRIORITY = 8
 PDL = os.environ.get("CUPY_MOE_PDL", "1") != "0"
 _smem_set = {}
 _functions = {}  # (module, name) -> CUfunction handle
@@ -50,48 +47,6 @@ def _launch_kernel_ex():
     f.restype = ctypes.c_int
     f.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     return f
-
-
-_priority = contextvars.ContextVar("cupy_moe_launch_priority", default=None)
-
-
-@contextlib.contextmanager
-def priority(level):
-    """Launches inside the block take execution priority `level` (CU_LAUNCH_ATTRIBUTE_PRIORITY:
-    lower is higher, as for streams; None: the stream's own, see highest_priority()). Where two
-    streams' kernels wait for SMs at once, the block scheduler dispatches the higher one's CTAs
-    first: a call's critical path no longer loses SMs to the kernel beside it that happened to
-    become ready first. It never preempts CTAs already running. Graph capture keeps the attribute
-    on the kernel nodes."""
-    token = _priority.set(level)
-    try:
-        yield
-    finally:
-        _priority.reset(token)
-
-
-@lru_cache(maxsize=None)
-def highest_priority(device_id: int) -> int:
-    """The device's greatest (numerically lowest) execution priority (cuCtxGetStreamPriorityRange
-    in its context; 0, every launch's default, where the driver cannot say)."""
-    import cupy
-
-    try:
-        f = ctypes.CDLL("libcuda.so.1").cuCtxGetStreamPriorityRange
-    except (OSError, AttributeError):
-        return 0
-    least, greatest = ctypes.c_int(0), ctypes.c_int(0)
-    with cupy.cuda.Device(device_id):
-        cupy.cuda.runtime.free(0)  # the device's context is current
-        if f(ctypes.byref(least), ctypes.byref(greatest)) != 0:
-            return 0
-    return int(greatest.value)
-
-
-def _priority_attribute(level: int) -> _LaunchAttribute:
-    attr = _LaunchAttribute(id=_CU_LAUNCH_ATTRIBUTE_PRIORITY)
-    attr.value[0] = int(level)
-    return attr
 
 
 def ptr(a) -> ctypes.c_void_p:
@@ -177,9 +132,7 @@ def launch(module, name: str, grid, block, args, shared_mem: int = 0, cluster: i
     fn = _function(module, name, shared_mem)
     params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
     stream = cupy.cuda.get_current_stream().ptr
-    level = _priority.get()
-    attrs = (([_PDL_ATTRIBUTE] if PDL else []) + ([_cluster_attribute(cluster)] if cluster > 1 else [])
-             + ([_priority_attribute(level)] if level is not None else []))
+    attrs = ([_PDL_ATTRIBUTE] if PDL else []) + ([_cluster_attribute(cluster)] if cluster > 1 else [])
     launch_ex = _launch_kernel_ex() if attrs else None
     if launch_ex is None:
         if cluster > 1:

@@ -264,9 +264,7 @@ def test_router_kernel_writes_the_contracts_router_terms_bitwise(T, H, E, K):
                                                 ("SMALL_T_ORDER", "cap", 384, 0.18),
                                                 ("SMALL_T_ORDER", "", 293, 0.12),
                                                 ("WD_FIRST", "0", 8192, 0.39),
-                                                ("WD_FIRST", "1", 1879, 0.20),
-                                                ("PRIORITY", "1", 192, 0.11),
-                                                ("PRIORITY", "1", 2053, 0.23)])
+                                                ("WD_FIRST", "1", 1879, 0.20)])
 def test_ab_d_act_paths_pass_like_the_fused_one(knob, value, T, atol, monkeypatch):
     """The A/B knobs' other d_act paths. CUPY_MOE_SOL080_FUSED_D_ACT=0: d_act as a plain GEMM,
     then the contract's SwiGLU backward as an elementwise kernel (16-byte accesses for
@@ -277,8 +275,7 @@ def test_ab_d_act_paths_pass_like_the_fused_one(knob, value, T, atol, monkeypatc
     3200), and separate where "auto" fuses it (T = 8192). CUPY_MOE_SOL080_WD_TRANSPOSED: grad_Wd
     as (act^T g)^T, stored transposed. CUPY_MOE_SOL080_SMALL_T_ORDER: grad_Wd's grid capped
     beside the dgrad alone, or the side-stream order of T <= 211. CUPY_MOE_SOL080_WD_FIRST: the
-    router beside d_act at T = 8192; grad_Wd first with the router beside it at T = 1879.
-    CUPY_MOE_SOL080_PRIORITY: the dgrad's chain launched at the highest priority."""
+    router beside d_act at T = 8192; grad_Wd first with the router beside it at T = 1879."""
     from cupy_moe.gpu import sol080 as gpu_sol080
 
     monkeypatch.setattr(gpu_sol080, knob, value)

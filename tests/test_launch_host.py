@@ -18,17 +18,3 @@ def test_the_attribute_allows_programmatic_stream_serialization():
     attr = _launch._PDL_ATTRIBUTE
     assert attr.id == 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
     assert attr.value[0] == 1 and not any(attr.value[1:])
-
-
-def test_priority_attribute_and_its_scope():
-    """_launch.priority(level) puts CU_LAUNCH_ATTRIBUTE_PRIORITY (8) with the level on the launches
-    inside its block only, nested blocks restoring the outer level."""
-    attr = _launch._priority_attribute(-5)
-    assert attr.id == 8 and attr.value[0] == -5 and not any(attr.value[1:])
-    assert _launch._priority.get() is None
-    with _launch.priority(-5):
-        assert _launch._priority.get() == -5
-        with _launch.priority(0):
-            assert _launch._priority.get() == 0
-        assert _launch._priority.get() == -5
-    assert _launch._priority.get() is None

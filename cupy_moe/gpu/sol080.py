@@ -43,7 +43,6 @@ CUPY_MOE_SOL080_STREAMS=0 keeps everything on one stream (the router kernel firs
 """
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -118,11 +117,6 @@ _SMALL_T_ORDER_MIN_M_TILES = 3
 # unsplit; "0": never.
 WD_FIRST = os.environ.get("CUPY_MOE_SOL080_WD_FIRST", "auto")
 _WD_FIRST_MIN_T = 5120
-# The launches the dgrad waits for and the dgrad itself (d_act, its SwiGLU / sum kernels, the
-# dgrad's sum) take the device's highest execution priority (_launch.priority), the rest the
-# stream's: where the side stream's grad_Wd becomes ready with the dgrad (T = 192: both when the
-# router ends), the dgrad's CTAs are dispatched first. "1" on, "0" off (A/B).
-PRIORITY = os.environ.get("CUPY_MOE_SOL080_PRIORITY", "0")
 _side = {}  # (device, stream) -> _Side
 
 
@@ -395,11 +389,8 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
         if plan.wd_first:
             router_kernel()
             side.router_done.record()
-    critical = lambda: (_launch.priority(_launch.highest_priority(cp.cuda.Device().id)) if PRIORITY == "1"
-                        else contextlib.nullcontext())
-    with critical():
-        gemm(**d_act)
-        _finish_d_act(inputs, ws, plan, d_act["cancel"])
+    gemm(**d_act)
+    _finish_d_act(inputs, ws, plan, d_act["cancel"])
     with side.stream if side else main:
         if plan.router_beside:
             router_kernel()
@@ -414,9 +405,8 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
         main.wait_event(side.router_done)
     if plan.wgrad_at == "early":
         router_wgrad()
-    with critical():
-        gemm(**dgrad)
-        _finish_dgrad(grad_h, ws, plan, cancel)
+    gemm(**dgrad)
+    _finish_dgrad(grad_h, ws, plan, cancel)
     if wgu_on_main:
         gemm(**wgu_grad)
     # The router wgrad goes on the branch that ends first: the side one at small T, where the
