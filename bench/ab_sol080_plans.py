@@ -9,7 +9,8 @@ d_act's and the dgrad's), rcluster=0|1 (router.SUM_IN_GEMM: the router wgrad's),
 CONFIG_OVERRIDE: the same bits), wide=0|1 (sol080.WIDE_D_ACT), dyn=grouped|all|none
 (gemm.DYNAMIC_TILES: the same bits), fwgrad=auto|0|1 (sol080.FUSED_WGRAD), wdpp=auto|0|1
 (sol080.WD_PINGPONG), wgupp=auto|0|1 (sol080.WGU_PINGPONG), wdt=auto|0|1
-(sol080.WD_TRANSPOSED), sto=auto|cap|wgu-main|"" (sol080.SMALL_T_ORDER; sto= for none), wdf=auto|0|1 (sol080.WD_FIRST); "base" is the defaults, e.g.
+(sol080.WD_TRANSPOSED), sto=auto|cap|wgu-main|"" (sol080.SMALL_T_ORDER; sto= for none), wdf=auto|0|1 (sol080.WD_FIRST),
+dgs=auto|1 (sol080.DGRAD_SPLITS); "base" is the defaults, e.g.
 `python bench/ab_sol080_plans.py base even=wgu wgrad=side-early pdl=0`.
 Usage (device): PYTHONPATH=. python bench/ab_sol080_plans.py [--reps 20] [--T 192,8192] VARIANT...
 """
@@ -60,12 +61,13 @@ def main():
         sol080.WD_TRANSPOSED = knobs.pop("wdt", "0")
         sol080.SMALL_T_ORDER = knobs.pop("sto", "auto")
         sol080.WD_FIRST = knobs.pop("wdf", "auto")
+        sol080.DGRAD_SPLITS = knobs.pop("dgs", "auto")
         assert not knobs, f"unknown knobs {knobs}"
 
     def arith():  # the knobs that change the order of an fp32 sum or the SwiGLU kernel
         return (router.STACKED, sol080.WIDE_D_ACT, gemm.SPLIT_CLUSTER, sol080.SPLIT_CLUSTER,
                 router.SUM_IN_GEMM, sol080.FUSED_WGRAD, sol080.WD_PINGPONG, sol080.WGU_PINGPONG, sol080.WD_TRANSPOSED,
-                sol080.WD_FIRST)  # (grad_Wd first takes the router wgrad into grad_[Wg; Wu])
+                sol080.WD_FIRST, sol080.DGRAD_SPLITS)  # (grad_Wd first: the router wgrad fused)
 
     table = {v: [] for v in args.variants}
     print(f"{'T':>6} " + " ".join(f"{v:>16}" for v in args.variants))

@@ -117,6 +117,9 @@ _SMALL_T_ORDER_MIN_M_TILES = 3
 # unsplit; "0": never.
 WD_FIRST = os.environ.get("CUPY_MOE_SOL080_WD_FIRST", "auto")
 _WD_FIRST_MIN_T = 5120
+# A/B: "1" never splits the dgrad's reduction (its pieces' sum kernel gone, half its CTAs at
+# T = 192 / 211, the rest left to grad_Wd beside it); "auto": gemm.k_splits_for.
+DGRAD_SPLITS = os.environ.get("CUPY_MOE_SOL080_DGRAD_SPLITS", "auto")
 _side = {}  # (device, stream) -> _Side
 
 
@@ -235,7 +238,7 @@ class _Plan:
                                             Segment(acts.at(0, acts.dg), acts.ld, wg, H, k=I), hi],
                                      True, False)
         return cls(act_splits=act_splits, act_fused=act_fused,
-                   dgrad_splits=k_splits_for(T, H, 2 * I + E) if dgrad_on_sm90 else 1,
+                   dgrad_splits=k_splits_for(T, H, 2 * I + E) if dgrad_on_sm90 and DGRAD_SPLITS == "auto" else 1,
                    router_beside=router_beside, even_rounds=EVEN_ROUNDS, wgrad_at=WGRAD_AT,
                    wgrad_stacked=router.STACKED, split_cluster=gemm_module.SPLIT_CLUSTER and SPLIT_CLUSTER,
                    wgrad_cluster=router.summed_in_the_gemm(T, E),
