@@ -262,7 +262,8 @@ def test_router_kernel_writes_the_contracts_router_terms_bitwise(T, H, E, K):
                                                 ("WD_TRANSPOSED", "auto", 8192, 0.39),
                                                 ("WD_TRANSPOSED", "1", 1879, 0.20),
                                                 ("SMALL_T_ORDER", "cap", 384, 0.18),
-                                                ("SMALL_T_ORDER", "", 293, 0.12),
+                                                ("SMALL_T_ORDER", "", 192, 0.11),
+                                                ("DGRAD_SPLITS", "k", 211, 0.13),
                                                 ("WD_FIRST", "0", 8192, 0.39),
                                                 ("WD_FIRST", "1", 1879, 0.20)])
 def test_ab_d_act_paths_pass_like_the_fused_one(knob, value, T, atol, monkeypatch):
@@ -274,7 +275,8 @@ def test_ab_d_act_paths_pass_like_the_fused_one(knob, value, T, atol, monkeypatc
     router weight gradient inside the grad_[Wg; Wu] GEMM where "auto" keeps it separate (T <=
     3200), and separate where "auto" fuses it (T = 8192). CUPY_MOE_SOL080_WD_TRANSPOSED: grad_Wd
     as (act^T g)^T, stored transposed. CUPY_MOE_SOL080_SMALL_T_ORDER: grad_Wd's grid capped
-    beside the dgrad alone, or the side-stream order of T <= 211. CUPY_MOE_SOL080_WD_FIRST: the
+    beside the dgrad alone, or the side-stream order with the dgrad split in two (its pieces
+    summed by a kernel). CUPY_MOE_SOL080_DGRAD_SPLITS=k: the split dgrad in the default order. CUPY_MOE_SOL080_WD_FIRST: the
     router beside d_act at T = 8192; grad_Wd first with the router beside it at T = 1879."""
     from cupy_moe.gpu import sol080 as gpu_sol080
 

@@ -167,19 +167,34 @@ def test_grad_wd_transposed_from_7168_tokens(plan_of, monkeypatch):
     assert plan_of(192).wd_transposed
 
 
-def test_small_t_order_knob_reaches_only_split_plans(plan_of, monkeypatch):
-    """CUPY_MOE_SOL080_SMALL_T_ORDER applies where d_act is split (T <= 512 here; "auto": "wgu-main"
-    from 3 row tiles of 128), and the dgrad's grid it caps grad_Wd against: 96 CTAs at T = 384 (36
-    SMs free), 128 at T = 192 (2 m-tiles x 32 x 2 pieces: 4 free, too few to cap)."""
+def test_small_t_order_reaches_only_split_plans(plan_of, monkeypatch):
+    """CUPY_MOE_SOL080_SMALL_T_ORDER applies where d_act is split (T <= 512 here; "auto":
+    "wgu-main", the dgrad then unsplit with DGRAD_SPLITS "auto"), and the dgrad's grid it caps
+    grad_Wd against: 64 CTAs at T = 192 unsplit (68 SMs free), 96 at T = 384; split in two at
+    T = 192 (128 CTAs: 4 free, too few to cap)."""
     from cupy_moe.gpu import sol080
 
     Ts = (192, 211, 293, 384, 512, 997, 8192)
-    assert [plan_of(T).small_t_order for T in Ts] == [""] * 2 + ["wgu-main"] * 3 + [""] * 2  # auto
+    plans = [plan_of(T) for T in Ts]
+    assert [p.small_t_order for p in plans] == ["wgu-main"] * 5 + [""] * 2
+    assert [p.dgrad_splits for p in plans] == [1] * 7
+    g = lambda T: types.SimpleNamespace(g=_Array((T, H)))
+    assert sol080._dgrad_ctas(g(192), plan_of(192)) == 64
+    assert sol080._dgrad_ctas(g(384), plan_of(384)) == 96
     monkeypatch.setattr(sol080, "SMALL_T_ORDER", "cap")
     assert [plan_of(T).small_t_order for T in (192, 384, 512, 997, 8192)] == ["cap"] * 3 + [""] * 2
-    g = lambda T: types.SimpleNamespace(g=_Array((T, H)))
-    assert sol080._dgrad_ctas(g(384), plan_of(384)) == 96
+    assert plan_of(192).dgrad_splits == 2  # the dgrad split as before the order
     assert sol080._dgrad_ctas(g(192), plan_of(192)) == 128
+    monkeypatch.setattr(sol080, "SMALL_T_ORDER", "")
+    assert plan_of(192).dgrad_splits == 2
+    monkeypatch.setattr(sol080, "DGRAD_SPLITS", "1")
+    assert plan_of(192).dgrad_splits == 1
+    monkeypatch.setattr(sol080, "SMALL_T_ORDER", "auto")
+    monkeypatch.setattr(sol080, "DGRAD_SPLITS", "k")
+    assert plan_of(192).dgrad_splits == 2
+    monkeypatch.setattr(sol080, "DGRAD_SPLITS", "auto")
+    monkeypatch.setattr(sol080, "CONCURRENT", False)
+    assert (plan_of(192).small_t_order, plan_of(192).dgrad_splits) == ("", 2)
 
 
 def test_grad_wd_first_from_5120_tokens_and_where_the_router_would_go_first(plan_of, monkeypatch):

@@ -35,8 +35,8 @@ there (T = 3072) it goes first, alone, on the main stream. From T = 5120 (WD_FIR
 first instead, with the router beside it, and d_act after it. d_act reads no routing, so it does
 not wait for the verdict when the router runs beside it or beside grad_Wd; grad_Wd likewise.
 Elsewhere grad_Wd, which needs neither d_act nor the router, takes the SMs d_act's last round
-leaves, as grad_[Wg; Wu] beside the dgrad (at small T, from 3 row tiles, grad_[Wg; Wu] follows
-the dgrad on the main stream instead: SMALL_T_ORDER).
+leaves, as grad_[Wg; Wu] beside the dgrad (at small T grad_[Wg; Wu] follows the dgrad on the main
+stream instead, the dgrad unsplit and grad_Wd on the SMs it leaves: SMALL_T_ORDER).
 The router wgrad ends whichever branch would end first (bench/NOTES.md v0.6). Holding two GEMMs
 to disjoint SM budgets, chosen by a tile-time model, measured no better (v0.5).
 CUPY_MOE_SOL080_STREAMS=0 keeps everything on one stream (the router kernel first).
@@ -101,12 +101,15 @@ _WD_TRANSPOSED_MIN_T = 7168
 # Small T (split d_act): the side stream's grad_Wd, ready when the dgrad is, took every SM first
 # at T = 384 and held the dgrad back 11 us (bench/NOTES.md v0.11). "wgu-main": grad_[Wg; Wu] on
 # the main stream after the dgrad instead of on the side after grad_Wd, and grad_Wd on at most the
-# SMs the dgrad leaves (when >= _SMALL_T_MIN_FREE); "cap": only the latter (A/B); "auto":
-# "wgu-main" from _SMALL_T_ORDER_MIN_M_TILES row tiles of 128 (T = 293 / 384 / 512: -0.8..-3.2 us
-# in two runs; T = 192 / 211, two row tiles, +0.5..+3.1; bench/NOTES.md v0.12); "" never.
+# SMs the dgrad leaves (when >= _SMALL_T_MIN_FREE); with DGRAD_SPLITS "auto" the dgrad is then
+# not split (at T <= 256 its pieces took 128 SMs and needed a sum kernel). "auto": "wgu-main"
+# (T = 192 -3.5 us, 211 -0.9 with the unsplit dgrad; 293 / 384 / 512 -0.8..-3.2; bench/NOTES.md
+# v0.12); "cap": only the cap (A/B); "": neither.
 SMALL_T_ORDER = os.environ.get("CUPY_MOE_SOL080_SMALL_T_ORDER", "auto")
 _SMALL_T_MIN_FREE = 16
-_SMALL_T_ORDER_MIN_M_TILES = 3
+# The dgrad's split-K pieces: "auto" none where grad_[Wg; Wu] follows the dgrad (SMALL_T_ORDER
+# "wgu-main"), else gemm.k_splits_for; "k": k_splits_for always; "1": never (A/B).
+DGRAD_SPLITS = os.environ.get("CUPY_MOE_SOL080_DGRAD_SPLITS", "auto")
 # grad_Wd (which reads neither d_act nor the routing) first on the main stream, on the fewest CTAs
 # that keep its rounds, with the router kernel beside it on the SMs that leaves, and d_act after
 # it; instead of the router beside d_act (or first, alone, where d_act's rounds fill every SM:
@@ -117,9 +120,6 @@ _SMALL_T_ORDER_MIN_M_TILES = 3
 # unsplit; "0": never.
 WD_FIRST = os.environ.get("CUPY_MOE_SOL080_WD_FIRST", "auto")
 _WD_FIRST_MIN_T = 5120
-# A/B: "1" never splits the dgrad's reduction (its pieces' sum kernel gone, half its CTAs at
-# T = 192 / 211, the rest left to grad_Wd beside it); "auto": gemm.k_splits_for.
-DGRAD_SPLITS = os.environ.get("CUPY_MOE_SOL080_DGRAD_SPLITS", "auto")
 _side = {}  # (device, stream) -> _Side
 
 
@@ -225,8 +225,9 @@ class _Plan:
                 act_splits, router_beside = min(act_splits, fewer), True
         wd_first = CONCURRENT and d_act_on_sm90 and act_splits == 1 and not act_wide and _knob(
             WD_FIRST, T >= _WD_FIRST_MIN_T or not router_beside)
-        small_t_order = SMALL_T_ORDER if SMALL_T_ORDER != "auto" else (
-            "wgu-main" if cdiv(T, _D_ACT_TILE) >= _SMALL_T_ORDER_MIN_M_TILES else "")
+        small_t_order = (("wgu-main" if SMALL_T_ORDER == "auto" else SMALL_T_ORDER)
+                         if CONCURRENT and act_splits > 1 else "")
+        split_dgrad = DGRAD_SPLITS == "k" or DGRAD_SPLITS == "auto" and small_t_order != "wgu-main"
         router_beside = router_beside and not wd_first
         acts = _Acts(I, E)
         # (grad_Wd first pays only with the router wgrad inside grad_[Wg; Wu]: its own GEMM would
@@ -238,7 +239,7 @@ class _Plan:
                                             Segment(acts.at(0, acts.dg), acts.ld, wg, H, k=I), hi],
                                      True, False)
         return cls(act_splits=act_splits, act_fused=act_fused,
-                   dgrad_splits=k_splits_for(T, H, 2 * I + E) if dgrad_on_sm90 and DGRAD_SPLITS == "auto" else 1,
+                   dgrad_splits=k_splits_for(T, H, 2 * I + E) if dgrad_on_sm90 and split_dgrad else 1,
                    router_beside=router_beside, even_rounds=EVEN_ROUNDS, wgrad_at=WGRAD_AT,
                    wgrad_stacked=router.STACKED, split_cluster=gemm_module.SPLIT_CLUSTER and SPLIT_CLUSTER,
                    wgrad_cluster=router.summed_in_the_gemm(T, E),
@@ -246,7 +247,7 @@ class _Plan:
                    wd_pingpong=_knob(WD_PINGPONG, T <= _WD_PINGPONG_MAX_T),
                    wgu_pingpong=_knob(WGU_PINGPONG, T <= _WGU_PINGPONG_MAX_T),
                    wd_transposed=_knob(WD_TRANSPOSED, T >= _WD_TRANSPOSED_MIN_T),
-                   small_t_order=small_t_order if act_splits > 1 else "", wd_first=wd_first)
+                   small_t_order=small_t_order, wd_first=wd_first)
 
 
 @dataclass(frozen=True)
