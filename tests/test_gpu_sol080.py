@@ -276,8 +276,9 @@ def test_ab_d_act_paths_pass_like_the_fused_one(knob, value, T, atol, monkeypatc
     3200), and separate where "auto" fuses it (T = 8192). CUPY_MOE_SOL080_WD_TRANSPOSED: grad_Wd
     as (act^T g)^T, stored transposed. CUPY_MOE_SOL080_SMALL_T_ORDER: grad_Wd's grid capped
     beside the dgrad alone, or the side-stream order with the dgrad split in two (its pieces
-    summed by a kernel). CUPY_MOE_SOL080_DGRAD_SPLITS=k: the split dgrad in the default order. CUPY_MOE_SOL080_WD_FIRST: the
-    router beside d_act at T = 8192; grad_Wd first with the router beside it at T = 1879."""
+    summed by a kernel). CUPY_MOE_SOL080_DGRAD_SPLITS=k: the split dgrad in the default order.
+    CUPY_MOE_SOL080_WD_FIRST: the router beside d_act at T = 8192; grad_Wd first with the router
+    beside it at T = 1879."""
     from cupy_moe.gpu import sol080 as gpu_sol080
 
     monkeypatch.setattr(gpu_sol080, knob, value)
