@@ -121,7 +121,8 @@ struct Plan {
 };
 
 template <class Cfg>
-using Scheduler = TileScheduler<BM, Cfg::BN, Cfg::GROUPING, Cfg::SPLIT_K, Cfg::SPLIT_CLUSTER, BK, Cfg::SEG_ROWS>;
+using Scheduler = TileScheduler<BM, Cfg::BN, Cfg::GROUPING, Cfg::SPLIT_K, Cfg::SPLIT_CLUSTER, BK, Cfg::SEG_ROWS,
+                                Cfg::M_FASTEST>;
 template <class Cfg>
 using Feed = TileFeed<Cfg::DYNAMIC>;
 

@@ -26,9 +26,13 @@ struct Tile {
 };
 
 // SEG_ROWS: segments may have rows of their own (GemmParams.seg_m), and the order may be rotated.
-template <int BM, int BN, int GROUPING, bool SPLIT, bool PIECES_INNER = false, int BK = 64, bool SEG_ROWS = false>
+// M_FASTEST (ungrouped, unsplit; an A/B of Sm90Config): rows fastest instead, so CTAs running
+// together share a B column block and sweep A (for a product whose B is the larger operand).
+template <int BM, int BN, int GROUPING, bool SPLIT, bool PIECES_INNER = false, int BK = 64, bool SEG_ROWS = false,
+          bool M_FASTEST = false>
 struct TileScheduler {
   static_assert(!SPLIT || GROUPING == kNone, "split-K pieces of ungrouped GEMMs only");
+  static_assert(!M_FASTEST || (GROUPING == kNone && !SPLIT && !SEG_ROWS), "rows fastest: plain GEMMs");
   static_assert(!PIECES_INNER || SPLIT || GROUPING == kKGrouped, "pieces innermost: split-K or K-grouped");
   const GemmParams& p;
   const int* tile_start;  // M-grouped: first m-tile of each group, num_groups + 1 entries (smem)
@@ -64,8 +68,8 @@ struct TileScheduler {
     if constexpr (SEG_ROWS && GROUPING == kNone)
       if (p.tile_rotation) t = (t + p.tile_rotation) % total;
     Tile c;
-    c.n0 = (t % tiles_n) * BN;
-    int mt = t / tiles_n;
+    c.n0 = (M_FASTEST ? t / tiles_m : t % tiles_n) * BN;
+    int mt = M_FASTEST ? t % tiles_m : t / tiles_n;
     c.group = 0; c.k_lo = 0; c.k_hi = 0; c.m_hi = p.m;
     if constexpr (GROUPING == kMGrouped) {
       int lo = 0, hi = p.num_groups;  // the last group whose first m-tile is <= mt

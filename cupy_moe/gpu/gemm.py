@@ -177,6 +177,7 @@ class Sm90Config:
     SEG_ROWS: bool = False  # segments with rows of their own (Segment.m), a rotated tile order
     DYNAMIC: bool = False  # tiles claimed as the CTAs go (DYNAMIC_TILES; GemmParams.tile_counter)
     C_TRANS: bool = False  # the result stored transposed (gemm(out_transposed)), by TMA
+    M_FASTEST: bool = False  # tiles in row-fastest order (A/B through CONFIG_OVERRIDE only)
 
     BM = 128
     BK = 64
@@ -787,4 +788,7 @@ def example_sm90_configs():
                                  C_TRANS=True, GROUPING=2, DYNAMIC=True))
     out.append(Sm90Config.choose(11, 4096, 132, 0, True, A_KMAJOR=False, B_KMAJOR=False, C_TMA=True,
                                  C_TRANS=True))
+    # The row-fastest tile order (A/B: bench/d_act_layouts.py's Wd^T g^T).
+    out.append(Sm90Config.choose(11, 8192, 132, 0, False, wide=True, A_KMAJOR=False, B_KMAJOR=True,
+                                 C_TMA=True, M_FASTEST=True))
     return out
