@@ -27,6 +27,9 @@ The launches form a small DAG over two streams (fork/join by events, captured as
     side: router kernel (+ the top-k index check) .. grad_Wd = g^T act .. [grad_router; grad_Wg;
           grad_Wu] (unfused: grad_[Wg; Wu], and the router wgrad at the end of the branch that
           ends first)
+in one of three orders (_Plan): as drawn (mid T); grad_Wd first on the main stream, the router
+beside it, then d_act (wd_first: T >= 5120, and T = 3072); or at small T grad_[Wg; Wu] after the
+dgrad on the main stream (small_t_order).
 The router kernel runs the call's index check, whose verdict every later launch reads. It runs
 beside d_act where d_act leaves it at least 8 SMs (_Plan.router_beside: d_act on the fewest CTAs
 that keep its rounds, or split in fewer pieces); every GEMM CTA takes a whole SM's registers, so
@@ -414,17 +417,17 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
     if wgu_on_main:
         gemm(**wgu_grad)
     # The router wgrad goes on the branch that ends first: the side one at small T, where the
-    # main branch carries split-K pieces and their sums, the main one otherwise.
+    # main branch carries the dgrad and grad_[Wg; Wu] (or, in the old order, split-K pieces and
+    # their sums), the main one otherwise.
     wgrad_on_side = side is not None and (plan.wgrad_at == "side" or
                                           plan.wgrad_at == "auto" and plan.act_splits > 1)
     wgrad_done = plan.wgrad_at == "early" or side is not None and plan.wgrad_at == "side-early"
     if not wgrad_on_side and not wgrad_done:
         router_wgrad()
     with side.stream if side else main:
-        if side and not wgu_on_main:
-            side.stream.wait_event(side.d_act_done)
-            gemm(**wgu_grad)
-        elif not side:
+        if not wgu_on_main:
+            if side:
+                side.stream.wait_event(side.d_act_done)
             gemm(**wgu_grad)
         if wgrad_on_side:
             router_wgrad()
