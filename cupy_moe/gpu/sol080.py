@@ -5,7 +5,8 @@ The SwiGLU backward (steps 3-4) runs in the epilogue of d_act = g Wd, with the c
 points, writing [d_gate | d_up] rows directly (d_act is never stored); where the Hopper loop does
 not apply (odd strides), d_act is stored and an elementwise kernel follows. At small T, where
 d_act's few output tiles would leave most SMs idle through a K = H reduction, it runs split-K
-into fp32 pieces and the SwiGLU kernel sums them first (gemm.k_splits_for; the dgrad likewise).
+into fp32 pieces and the SwiGLU kernel sums them first (gemm.k_splits_for; the dgrad likewise
+where grad_[Wg; Wu] does not follow it on the main stream: DGRAD_SPLITS).
 
 The contract's three dgrad products (d_up Wu, d_gate Wg, bf16(grl) Wr) run as one GEMM over the
 concatenated reduction, accumulated in fp32 and rounded once (within the pass rule; the contract
