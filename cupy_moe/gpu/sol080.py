@@ -58,8 +58,8 @@ from .._arrays import bfloat16
 from .._launch import cdiv, grid_stride_blocks, i32, i64, ptr
 from . import graphs, router
 from . import gemm as gemm_module
-from .gemm import (Segment, SwigluBackward, _addr, device_sms, even_round_ctas, gemm, k_splits_for,
-                   sm90_applies, transposed_applies)
+from .gemm import (Segment, Sm90Config, SwigluBackward, _addr, device_sms, even_round_ctas, gemm,
+                   k_splits_for, sm90_applies, transposed_applies)
 
 CONCURRENT = os.environ.get("CUPY_MOE_SOL080_STREAMS", "1") != "0"
 # A/B only: 0 runs d_act as a plain GEMM and the SwiGLU backward as an elementwise kernel, where
@@ -439,12 +439,13 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
 
 
 def _dgrad_ctas(inputs: _Inputs, plan: _Plan) -> int:
-    """The dgrad's persistent grid as gemm() will size it (128 x 128 tiles at small T, where
-    fewer than the SMs' worth of 256-wide ones exist), for the SMs it leaves."""
+    """The dgrad's persistent grid as gemm() will size it (its tile width from the config gemm()
+    chooses: 128 at small T, where fewer than the SMs' worth of 256-wide tiles exist), for the
+    SMs it leaves."""
     T, H = inputs.g.shape
-    wide = cdiv(T, _D_ACT_TILE) * cdiv(H, 2 * _D_ACT_TILE) * plan.dgrad_splits >= device_sms()
-    tiles = cdiv(T, _D_ACT_TILE) * cdiv(H, (2 if wide else 1) * _D_ACT_TILE) * plan.dgrad_splits
-    return min(tiles, device_sms())
+    m_tiles, sms = cdiv(T, Sm90Config.BM) * plan.dgrad_splits, device_sms()
+    bn = Sm90Config.choose(m_tiles, H, sms, SPLIT_K=plan.dgrad_splits > 1).BN
+    return min(m_tiles * cdiv(H, bn), sms)
 
 
 def _d_act_gemm(inputs: _Inputs, ws: _Workspace, plan: _Plan) -> dict:
