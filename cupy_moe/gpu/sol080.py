@@ -238,10 +238,8 @@ class _Plan:
         # end the call alone; T = 3072 -20 us with both, +8 with grad_Wd first alone.)
         wanted = _knob(FUSED_WGRAD, not router.summed_in_the_gemm(T, E) or wd_first)
         wgrad_fused = wanted and sm90_applies(E + 2 * I, H, acts.wgrad_segments(0, x, H, T), False, False)
-        hi = Segment(acts.at(0, acts.hi), acts.ld, wr, H, k=E) if wgrad_fused else Segment(0, 2 * E, wr, H, k=E)
-        dgrad_on_sm90 = sm90_applies(T, H, [Segment(acts.at(0, acts.du), acts.ld, wu, H, k=I),
-                                            Segment(acts.at(0, acts.dg), acts.ld, wg, H, k=I), hi],
-                                     True, False)
+        hi_ld = acts.ld if wgrad_fused else 2 * E  # (hi in the workspace rows or router.py's [hi | lo])
+        dgrad_on_sm90 = sm90_applies(T, H, acts.dgrad_segments(0, 0, hi_ld, wu, wg, wr, H), True, False)
         return cls(act_splits=act_splits, act_fused=act_fused,
                    dgrad_splits=k_splits_for(T, H, 2 * I + E) if dgrad_on_sm90 and split_dgrad else 1,
                    router_beside=router_beside, even_rounds=EVEN_ROUNDS, wgrad_at=WGRAD_AT,
@@ -289,6 +287,13 @@ class _Acts:
     def at(self, base, offset: int) -> int:
         """Byte address of column `offset` of row 0 (base: an array or an address)."""
         return _addr(base) + 2 * offset
+
+    def dgrad_segments(self, base, hi, hi_ld: int, wu, wg, wr, H) -> list:
+        """The dgrad's reduction [d_up | d_gate | hi] @ [Wu; Wg; Wr]: d_up and d_gate from the
+        workspace rows at base, hi from hi (rows hi_ld apart: _grl_at)."""
+        return [Segment(self.at(base, self.du), self.ld, wu, H, k=self.I),
+                Segment(self.at(base, self.dg), self.ld, wg, H, k=self.I),
+                Segment(hi, hi_ld, wr, H, k=self.E)]
 
     def wgrad_segments(self, base, x, H, T) -> list:
         """[hi | d_gate | d_up]^T x over all E + 2I rows, then lo^T x over the first E."""
@@ -391,10 +396,9 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
         if not plan.wgrad_fused:
             router.weight_gradient(ws.grl, inputs.x, grad_router, ws.partial, cancel)
 
-    if plan.wd_first:
-        gemm(**wd_grad)  # the router beside it (below), d_act after it
-    with side.stream if side else main:
-        if plan.wd_first:
+    if plan.wd_first:  # (a plan with a side stream) the router beside grad_Wd, d_act after it
+        gemm(**wd_grad)
+        with side.stream:
             router_kernel()
             side.router_done.record()
     gemm(**d_act)
@@ -544,14 +548,10 @@ def _grad_wgu_gemm(inputs: _Inputs, grad_wgu, grad_router, ws: _Workspace, plan:
 def _dgrad_gemm(inputs: _Inputs, grad_h, ws: _Workspace, plan: _Plan) -> dict:
     """grad_hidden_states (steps 6, 12) as one GEMM over the concatenated reduction [d_up |
     d_gate | bf16(grl)], or its split-K pieces for _finish_dgrad."""
-    wr, wg, wu = inputs.wr, inputs.wg, inputs.wu
     T, H = grad_h.shape
-    I, E = inputs.gate.shape[1], wr.shape[0]
-    acts = _Acts(I, E)
     hi, hi_ld, _ = _grl_at(inputs, ws, plan)
-    common = dict(m=T, n=H, segments=[Segment(acts.at(ws.acts, acts.du), acts.ld, wu, H, k=I),
-                                      Segment(acts.at(ws.acts, acts.dg), acts.ld, wg, H, k=I),
-                                      Segment(hi, hi_ld, wr, H, k=E)], a_kmajor=True, b_kmajor=False, ldc=H)
+    segments = _Acts.of(inputs).dgrad_segments(ws.acts, hi, hi_ld, inputs.wu, inputs.wg, inputs.wr, H)
+    common = dict(m=T, n=H, segments=segments, a_kmajor=True, b_kmajor=False, ldc=H)
     if plan.dgrad_splits == 1 or plan.split_cluster:  # split: the pieces summed in the GEMM
         return dict(common, out=grad_h, k_splits=plan.dgrad_splits)
     return dict(common, out=ws.dgrad_pieces, epilogue="f32", k_splits=plan.dgrad_splits,
