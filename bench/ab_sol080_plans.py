@@ -10,7 +10,8 @@ CONFIG_OVERRIDE: the same bits), wide=0|1 (sol080.WIDE_D_ACT), dyn=grouped|all|n
 (gemm.DYNAMIC_TILES: the same bits), fwgrad=auto|0|1 (sol080.FUSED_WGRAD), wdpp=auto|0|1
 (sol080.WD_PINGPONG), wgupp=auto|0|1 (sol080.WGU_PINGPONG), wdt=auto|0|1
 (sol080.WD_TRANSPOSED), sto=auto|cap|wgu-main|"" (sol080.SMALL_T_ORDER; sto= for none), wdf=auto|0|1 (sol080.WD_FIRST),
-dgs=auto|k|1 (sol080.DGRAD_SPLITS); "base" is the defaults, e.g.
+dgs=auto|k|1 (sol080.DGRAD_SPLITS), sws=auto|N (sol080.SWIGLU_SMS), swst=N (the SwiGLU kernel's stages);
+"base" is the defaults, e.g.
 `python bench/ab_sol080_plans.py base even=wgu wgrad=side-early pdl=0`.
 Usage (device): PYTHONPATH=. python bench/ab_sol080_plans.py [--reps 20] [--T 192,8192] VARIANT...
 """
@@ -62,12 +63,15 @@ def main():
         sol080.SMALL_T_ORDER = knobs.pop("sto", "auto")
         sol080.WD_FIRST = knobs.pop("wdf", "auto")
         sol080.DGRAD_SPLITS = knobs.pop("dgs", "auto")
+        sol080.SWIGLU_SMS = knobs.pop("sws", "auto")
+        sol080._SWIGLU_STAGES = int(knobs.pop("swst", "3"))
+        sol080._SWIGLU_STAGE_BYTES = 198 * 1024 // sol080._SWIGLU_STAGES
         assert not knobs, f"unknown knobs {knobs}"
 
     def arith():  # the knobs that change the order of an fp32 sum or the SwiGLU kernel
         return (router.STACKED, sol080.WIDE_D_ACT, gemm.SPLIT_CLUSTER, sol080.SPLIT_CLUSTER,
                 router.SUM_IN_GEMM, sol080.FUSED_WGRAD, sol080.WD_PINGPONG, sol080.WGU_PINGPONG, sol080.WD_TRANSPOSED,
-                sol080.WD_FIRST, sol080.DGRAD_SPLITS)  # (grad_Wd first: the router wgrad fused)
+                sol080.WD_FIRST, sol080.DGRAD_SPLITS, sol080.SWIGLU_SMS)  # (grad_Wd first: the router wgrad fused)
 
     table = {v: [] for v in args.variants}
     print(f"{'T':>6} " + " ".join(f"{v:>16}" for v in args.variants))

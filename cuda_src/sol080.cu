@@ -1,4 +1,6 @@
 // The SOL-080 contract's own elementwise and router stages (sol080.md steps 3-4 and 7-10).
+#include "common/hopper.cuh"
+#include "common/swiglu_contract.cuh"
 #include "common/topk_check.cuh"
 
 // t = bf16(d_act * up); d_up = bf16(d_act * bf16(silu(gate))); d_gate = bf16(t * sig * (1 + gate (1 - sig))).
@@ -79,6 +81,76 @@ extern "C" __global__ void sol080_swiglu_backward(const bf16_t* __restrict__ d_a
     return;
   }
   FOR_EACH_ELEMENT(i, n) contract_swiglu_backward(bf16_to_f32(d_act[i]), i, gate, up, d_gate_up, I, ld);
+}
+
+// The same on a few SMs beside a GEMM (SOL-080's SWIGLU_SMS), where one SM must draw several
+// times its share of the bandwidth. Each block walks its own contiguous rows in chunks of `rows`
+// rows; the bulk-copy engine brings a chunk's d_act, gate and up rows (contiguous [T, I] arrays)
+// into one of `stages` (<= kSwigluMaxStages) shared stages, so stages - 1 chunks of loads are in
+// flight while the threads turn one into [d_gate | d_up] rows (16-byte stores). The math is the
+// fused d_act epilogue's (contract_swiglu_pair: approximate sigmoid, packed products), so the
+// same bits as the shipped fused path. Alone on 14 SMs it moves ~63 GB/s an SM with 3 stages of
+// ~66 KB (bench/swiglu_bulk.py; 6 stages of half the size: ~46); sol080_swiglu_backward's exact
+// sigmoid, one chunk in flight a thread, issues-bound at ~33. Needs I % 8 == 0 and 16-byte
+// aligned arrays.
+constexpr int kSwigluMaxStages = 8;
+
+extern "C" __global__ void sol080_swiglu_backward_bulk(const bf16_t* __restrict__ d_act,
+                                                       const bf16_t* __restrict__ gate,
+                                                       const bf16_t* __restrict__ up,
+                                                       bf16_t* __restrict__ d_gate_up, int I, int T, i64 ld,
+                                                       int rows, int stages, const int* cancel) {
+  wait_prior_grids();
+  TRACE_SCOPE();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ u64 full[kSwigluMaxStages];
+  if (cancelled(cancel)) return;
+  const int r0 = (int)((i64)T * blockIdx.x / gridDim.x), r1 = (int)((i64)T * (blockIdx.x + 1) / gridDim.x);
+  const int chunks = (r1 - r0 + rows - 1) / rows;
+  const i64 stage_elems = (i64)rows * I;  // one input's rows in a stage
+  bf16_t* stage0 = (bf16_t*)smem;
+  auto issue = [&](int c) {  // thread 0: chunk c's three inputs into stage c % stages
+    const int s = c % stages, first = r0 + c * rows, n = min(rows, r1 - first);
+    const u32 bytes = (u32)n * I * 2;
+    bf16_t* dst = stage0 + (i64)s * 3 * stage_elems;
+    mbar_arrive_expect_tx(&full[s], 3 * bytes);
+    bulk_load(dst, d_act + (i64)first * I, bytes, &full[s]);
+    bulk_load(dst + stage_elems, gate + (i64)first * I, bytes, &full[s]);
+    bulk_load(dst + 2 * stage_elems, up + (i64)first * I, bytes, &full[s]);
+  };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) mbar_init(&full[s], 1);
+    fence_barrier_init();
+    for (int c = 0; c < min(chunks, stages); ++c) issue(c);
+  }
+  __syncthreads();
+  const int vecs_per_row = I / 8;
+  for (int c = 0; c < chunks; ++c) {
+    const int s = c % stages, first = r0 + c * rows, n = min(rows, r1 - first);
+    mbar_wait(&full[s], (c / stages) & 1);
+    const bf16_t* da_s = stage0 + (i64)s * 3 * stage_elems;
+    for (int v = threadIdx.x; v < n * vecs_per_row; v += blockDim.x) {
+      const int r = v / vecs_per_row, col = 8 * (v - r * vecs_per_row);
+      const i64 at = (i64)r * I + col;
+      const uint4 a4 = *(const uint4*)(da_s + at), g4 = *(const uint4*)(da_s + stage_elems + at),
+                  u4 = *(const uint4*)(da_s + 2 * stage_elems + at);
+      uint4 dg4, du4;
+      contract_swiglu_pair(a4.x, g4.x, u4.x, dg4.x, du4.x);
+      contract_swiglu_pair(a4.y, g4.y, u4.y, dg4.y, du4.y);
+      contract_swiglu_pair(a4.z, g4.z, u4.z, dg4.z, du4.z);
+      contract_swiglu_pair(a4.w, g4.w, u4.w, dg4.w, du4.w);
+      bf16_t* out = d_gate_up + (i64)(first + r) * ld + col;
+      *(uint4*)out = dg4;
+      *(uint4*)(out + I) = du4;
+    }
+    __syncthreads();  // every thread is done with stage s before it is refilled
+    if (threadIdx.x == 0 && c + stages < chunks) {
+      fence_proxy_async();  // (the generic reads above before the bulk copy's writes)
+      issue(c + stages);
+    }
+  }
+#endif
 }
 
 // The same from d_act's split-K pieces (fp32 [pieces][n]): d_act = bf16(their sum, in order).

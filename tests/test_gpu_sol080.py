@@ -265,7 +265,10 @@ def test_router_kernel_writes_the_contracts_router_terms_bitwise(T, H, E, K):
                                                 ("SMALL_T_ORDER", "", 192, 0.11),
                                                 ("DGRAD_SPLITS", "k", 211, 0.13),
                                                 ("WD_FIRST", "0", 8192, 0.39),
-                                                ("WD_FIRST", "1", 1879, 0.20)])
+                                                ("WD_FIRST", "1", 1879, 0.20),
+                                                ("SWIGLU_SMS", "14", 8192, 0.39),
+                                                ("SWIGLU_SMS", "16", 997, 0.36),
+                                                ("SWIGLU_SMS", "0", 4093, 0.23)])
 def test_ab_d_act_paths_pass_like_the_fused_one(knob, value, T, atol, monkeypatch):
     """The A/B knobs' other d_act paths. CUPY_MOE_SOL080_FUSED_D_ACT=0: d_act as a plain GEMM,
     then the contract's SwiGLU backward as an elementwise kernel (16-byte accesses for
@@ -278,7 +281,8 @@ def test_ab_d_act_paths_pass_like_the_fused_one(knob, value, T, atol, monkeypatc
     beside the dgrad alone, or the side-stream order with the dgrad split in two (its pieces
     summed by a kernel). CUPY_MOE_SOL080_DGRAD_SPLITS=k: the split dgrad in the default order.
     CUPY_MOE_SOL080_WD_FIRST: the router beside d_act at T = 8192; grad_Wd first with the router
-    beside it at T = 1879."""
+    beside it at T = 1879. CUPY_MOE_SOL080_SWIGLU_SMS: d_act plain, the SwiGLU backward on a few
+    SMs beside grad_Wd (where "auto" leaves it fused), and fused where "auto" does not."""
     from cupy_moe.gpu import sol080 as gpu_sol080
 
     monkeypatch.setattr(gpu_sol080, knob, value)
@@ -297,4 +301,27 @@ def test_packed_contract_gives_the_same_bits(T, monkeypatch):
     monkeypatch.setattr(gemm, "CONFIG_OVERRIDE", {"PACKED_CONTRACT": False})
     plain = cupy_moe.sol080_backward(**a)
     for name, o, o2 in zip(NAMES, packed, plain):
+        assert cp.array_equal(o.view(cp.uint8), o2.view(cp.uint8)), name
+
+
+@pytest.mark.parametrize("sms,T", [("14", 997), ("24", 1031), ("5", 2053), ("auto", 4093)])
+def test_swiglu_beside_grad_wd_gives_the_fused_paths_bits(sms, T, monkeypatch):
+    """CUPY_MOE_SOL080_SWIGLU_SMS: d_act plain, then the SwiGLU contract by the bulk-copy kernel on
+    a few SMs beside grad_Wd (rows split unevenly among the blocks, a last chunk short of its
+    rows), writes exactly what the fused d_act epilogue writes in the same order of launches
+    (WD_FIRST=0 in both calls): every output bitwise."""
+    import cupy as cp
+    from cupy_moe.gpu import sol080 as gpu_sol080
+
+    a = {k: cp.asarray(v) for k, v in make_sol080_inputs(T, seed=T + 7).items()}
+    monkeypatch.setattr(gpu_sol080, "WD_FIRST", "0")
+    monkeypatch.setattr(gpu_sol080, "SWIGLU_SMS", "0")
+    fused = [o.copy() for o in cupy_moe.sol080_backward(**a)]
+    monkeypatch.setattr(gpu_sol080, "SWIGLU_SMS", sms)
+    plan = gpu_sol080._Plan.of(a["grad_output"], a["hidden_states"], a["router_weight"],
+                               a["shared_expert_gate_weight"], a["shared_expert_up_weight"],
+                               a["shared_expert_down_weight"], a["shared_gate_output"])
+    assert plan.swiglu_sms and not plan.act_fused  # (its own workspace: poisoned memory)
+    beside = cupy_moe.sol080_backward(**a)
+    for name, o, o2 in zip(NAMES, fused, beside):
         assert cp.array_equal(o.view(cp.uint8), o2.view(cp.uint8)), name

@@ -220,3 +220,13 @@ def test_grad_wd_first_from_5120_tokens_and_where_the_router_would_go_first(plan
     monkeypatch.setattr(sol080, "WD_FIRST", "auto")
     monkeypatch.setattr(sol080, "CONCURRENT", False)
     assert not plan_of(8192).wd_first
+
+
+@pytest.mark.parametrize("T,sms", [(3089, 0), (3584, 20), (3719, 20), (4093, 20), (5119, 20),
+                                   (6144, 0), (8192, 0), (2053, 0), (192, 0)])
+def test_swiglu_beside_grad_wd_where_auto_puts_it(plan_of, T, sms):
+    """CUPY_MOE_SOL080_SWIGLU_SMS=auto: d_act plain and the SwiGLU contract on 20 SMs beside
+    grad_Wd from 3584 tokens until grad_Wd goes first (5120); elsewhere d_act stays fused."""
+    p = plan_of(T)
+    assert (p.swiglu_sms, p.act_fused) == (sms, p.act_splits == 1 and not sms)
+    assert not (sms and p.wd_first)

@@ -48,6 +48,13 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const TmaDesc* map, u64* 
       :: "r"(smem_addr(dst)), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar)) : "memory");
 }
 
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global into shared memory by the
+// bulk-copy engine, completion as transaction bytes on `bar`: no registers held while in flight.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, u32 bytes, u64* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+               :: "r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
+}
+
 // Shared memory written through the generic proxy (cp.async, st.shared) that wgmma reads next.
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");

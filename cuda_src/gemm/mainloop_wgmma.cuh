@@ -25,6 +25,7 @@
 // it left the tensor cores idle for a third of the kernel). Cfg fields as in mainloop_mma.cuh,
 // plus BN, STAGES, C_TMA, PINGPONG and E_STAGED.
 #pragma once
+#include "../common/swiglu_contract.cuh"
 #include "wgmma_ops.cuh"
 #include "scheduler.cuh"
 #include "tile_feed.cuh"
@@ -297,14 +298,6 @@ __device__ __forceinline__ void store_tile_direct(const GemmParams& p, const Til
   }
 }
 
-// bf16(a * b) on packed pairs. A product of two bf16 values is exact in fp32 (8 x 8 significand
-// bits), so this equals rounding the fp32 product: the same bits in one instruction for two.
-__device__ __forceinline__ u32 mul_bf16x2(u32 a, u32 b) {
-  u32 r;
-  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
-
 // dg, du (packed bf16 pairs) of two adjacent elements from da' (d), gate and up (packed bf16
 // pairs) and the row's routing weight w; contract: SOL-080's rounding points, no weight. PACKED
 // (Cfg::PACKED_CONTRACT): the contract's products of two bf16 values as mul_bf16x2, the same
@@ -317,14 +310,8 @@ __device__ __forceinline__ void swiglu_grad_pair(const float (&d)[2], u32 g2, u3
   float sg[2], dg[2], du[2];
   #pragma unroll
   for (int e = 0; e < 2; ++e) sg[e] = sigmoid_fast(gv[e]);
-  if (contract && PACKED) {  // sol080.md: d_act = bf16(.), t = bf16(d_act u), du = d_act bf16(silu(g))
-    const u32 da2 = pack_bf16x2(d[0], d[1]);
-    const u32 t2 = mul_bf16x2(da2, u2);
-    du2 = mul_bf16x2(da2, pack_bf16x2(gv[0] * sg[0], gv[1] * sg[1]));
-    const float t[2] = {bf16_to_f32(t2 & 0xffff), bf16_to_f32(t2 >> 16)};
-    #pragma unroll
-    for (int e = 0; e < 2; ++e) dg[e] = t[e] * sg[e] * (1.f + gv[e] * (1.f - sg[e]));
-    dg2 = pack_bf16x2(dg[0], dg[1]);
+  if (contract && PACKED) {  // sol080.md: d_act = bf16(.), then the contract on packed pairs
+    contract_swiglu_pair(pack_bf16x2(d[0], d[1]), gv, sg, u2, dg2, du2);
     return;
   }
   const float uv[2] = {bf16_to_f32(u2 & 0xffff), bf16_to_f32(u2 >> 16)};

@@ -41,6 +41,8 @@ not wait for the verdict when the router runs beside it or beside grad_Wd; grad_
 Elsewhere grad_Wd, which needs neither d_act nor the router, takes the SMs d_act's last round
 leaves, as grad_[Wg; Wu] beside the dgrad (at small T grad_[Wg; Wu] follows the dgrad on the main
 stream instead, the dgrad unsplit and grad_Wd on the SMs it leaves: SMALL_T_ORDER).
+From T = 3584 up to where grad_Wd goes first, d_act runs plain and the SwiGLU backward as its own
+kernel on a few SMs beside grad_Wd (SWIGLU_SMS), before the dgrad and grad_[Wg; Wu] read it.
 The router wgrad ends whichever branch would end first (bench/NOTES.md v0.6). Holding two GEMMs
 to disjoint SM budgets, chosen by a tile-time model, measured no better (v0.5).
 CUPY_MOE_SOL080_STREAMS=0 keeps everything on one stream (the router kernel first).
@@ -124,6 +126,19 @@ DGRAD_SPLITS = os.environ.get("CUPY_MOE_SOL080_DGRAD_SPLITS", "auto")
 # unsplit; "0": never.
 WD_FIRST = os.environ.get("CUPY_MOE_SOL080_WD_FIRST", "auto")
 _WD_FIRST_MIN_T = 5120
+# d_act as a plain GEMM and the SwiGLU backward contract as its own kernel on a few SMs beside
+# grad_Wd (capped to the others), instead of in d_act's epilogue, where any epilogue work beside
+# wgmma costs d_act ~20% (bench/NOTES.md v0.12). The kernel (sol080_swiglu_backward_bulk) brings
+# its rows in by bulk copies and runs the fused epilogue's math: the same bits. It pays where
+# d_act's rounds leave grad_Wd to run mostly after it, with time for the SwiGLU beside it (T =
+# 4093: -14..-15 us in three runs, 3719: -5..-7; 3089 +13..+16, 2053 +12..+24, 1571 +7..+30, 997
+# +3..+16, where grad_Wd already fills d_act's last round and the SwiGLU lands on the dgrad's
+# path; bench/NOTES.md v0.13). "auto": _SWIGLU_BESIDE_SMS SMs from _SWIGLU_BESIDE_MIN_T tokens
+# up to where grad_Wd goes first (WD_FIRST); N: N SMs wherever d_act is unsplit and fused
+# (grad_Wd then never first); "0": never.
+SWIGLU_SMS = os.environ.get("CUPY_MOE_SOL080_SWIGLU_SMS", "auto")
+_SWIGLU_BESIDE_SMS = 20
+_SWIGLU_BESIDE_MIN_T = 3584
 _side = {}  # (device, stream) -> _Side
 
 
@@ -202,6 +217,7 @@ class _Plan:
     wd_transposed: bool = False           # grad_Wd as (act^T g)^T where that applies (WD_TRANSPOSED)
     small_t_order: str = ""               # SMALL_T_ORDER's answer where d_act is split
     wd_first: bool = False                # grad_Wd first with the router beside it (WD_FIRST)
+    swiglu_sms: int = 0                   # SMs of the elementwise SwiGLU beside grad_Wd (SWIGLU_SMS)
 
     @classmethod
     def of(cls, g, x, wr, wg, wu, wd, gate):
@@ -229,6 +245,15 @@ class _Plan:
                 act_splits, router_beside = min(act_splits, fewer), True
         wd_first = CONCURRENT and d_act_on_sm90 and act_splits == 1 and not act_wide and _knob(
             WD_FIRST, T >= _WD_FIRST_MIN_T or not router_beside)
+        swiglu_sms = 0
+        if CONCURRENT and act_fused and I % 8 == 0 and E % 8 == 0:  # (the bulk kernel's rows)
+            if SWIGLU_SMS == "auto":
+                swiglu_sms = (_SWIGLU_BESIDE_SMS if _SWIGLU_BESIDE_MIN_T <= T < _WD_FIRST_MIN_T and
+                              not wd_first else 0)
+            else:
+                swiglu_sms = int(SWIGLU_SMS)
+        if swiglu_sms:
+            act_fused, wd_first = False, False
         small_t_order = (("wgu-main" if SMALL_T_ORDER == "auto" else SMALL_T_ORDER)
                          if CONCURRENT and act_splits > 1 else "")
         split_dgrad = DGRAD_SPLITS == "k" or DGRAD_SPLITS == "auto" and small_t_order != "wgu-main"
@@ -249,7 +274,7 @@ class _Plan:
                    wd_pingpong=_knob(WD_PINGPONG, T <= _WD_PINGPONG_MAX_T),
                    wgu_pingpong=_knob(WGU_PINGPONG, T <= _WGU_PINGPONG_MAX_T),
                    wd_transposed=_knob(WD_TRANSPOSED, T >= _WD_TRANSPOSED_MIN_T),
-                   small_t_order=small_t_order, wd_first=wd_first)
+                   small_t_order=small_t_order, wd_first=wd_first, swiglu_sms=swiglu_sms)
 
 
 @dataclass(frozen=True)
@@ -385,6 +410,8 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
         free = device_sms() - _dgrad_ctas(inputs, plan)
         if free >= _SMALL_T_MIN_FREE:
             wd_grad["max_ctas"] = free
+    if plan.swiglu_sms:
+        wd_grad["max_ctas"] = device_sms() - plan.swiglu_sms
     router_kernel = lambda: _router_kernel(inputs, *_grl_at(inputs, ws, plan), check.kernel_args)
     if not router_early:
         router_kernel()  # first: the index check every launch reads
@@ -487,9 +514,39 @@ def _finish_d_act(inputs: _Inputs, ws: _Workspace, plan: _Plan, cancel) -> None:
     if plan.act_splits > 1:
         _launch.launch(mod, "sol080_swiglu_backward_pieces", (grid_stride_blocks(n),), (256,),
                        [ptr(ws.act_pieces), i32(plan.act_splits), ptr(gate), ptr(up)] + d_gate_up)
+    elif not plan.act_fused and plan.swiglu_sms:  # beside grad_Wd: one block on each of its SMs
+        if not _swiglu_bulk(inputs, ws, 0, T, plan.swiglu_sms, cancel):  # (gate / up misaligned views)
+            _launch.launch(mod, "sol080_swiglu_backward", (min(2 * plan.swiglu_sms, cdiv(n, 1024)),), (1024,),
+                           [ptr(ws.d_act), ptr(gate), ptr(up)] + d_gate_up)
     elif not plan.act_fused:
         _launch.launch(mod, "sol080_swiglu_backward", (grid_stride_blocks(n),), (256,),
                        [ptr(ws.d_act), ptr(gate), ptr(up)] + d_gate_up)
+
+
+# The bulk SwiGLU kernel's shared stages (<= kSwigluMaxStages in sol080.cu; A/B through
+# CUPY_MOE_SOL080_SWIGLU_STAGES) and the bytes of a stage's three inputs: (stages - 1) stages of
+# loads in flight an SM.
+_SWIGLU_STAGES = int(os.environ.get("CUPY_MOE_SOL080_SWIGLU_STAGES", "3"))
+_SWIGLU_STAGE_BYTES = 198 * 1024 // _SWIGLU_STAGES
+
+
+def _swiglu_bulk(inputs: _Inputs, ws: _Workspace, r0: int, r1: int, blocks: int, cancel) -> bool:
+    """The SwiGLU backward contract of stored d_act's rows [r0, r1) by the bulk-copy kernel on
+    `blocks` blocks (one an SM: its stages take most of the shared memory), where the rows allow
+    bulk copies (else False: nothing launched)."""
+    gate, up = inputs.gate, inputs.up
+    I = gate.shape[1]
+    acts = _Acts.of(inputs)
+    rows = _SWIGLU_STAGE_BYTES // (3 * 2 * I)
+    at = lambda a, row_elems: _addr(a) + 2 * r0 * row_elems
+    d_act, g, u, dg = at(ws.d_act, I), at(gate, I), at(up, I), at(acts.at(ws.acts, acts.dg), acts.ld)
+    if not (I % 8 == 0 and acts.ld % 8 == 0 and rows >= 1 and all(a % 16 == 0 for a in (d_act, g, u, dg))):
+        return False
+    _launch.launch(_build.load_module("sol080.cu"), "sol080_swiglu_backward_bulk", (min(blocks, r1 - r0),),
+                   (512,), [ptr(d_act), ptr(g), ptr(u), ptr(dg), i32(I), i32(r1 - r0), i64(acts.ld), i32(rows),
+                            i32(_SWIGLU_STAGES), ptr(cancel)],
+                   shared_mem=_SWIGLU_STAGES * 3 * 2 * I * rows)
+    return True
 
 
 _ROUTER_WARPS = 8  # kRouterWarps in sol080.cu: tokens per block
