@@ -325,3 +325,28 @@ def test_swiglu_beside_grad_wd_gives_the_fused_paths_bits(sms, T, monkeypatch):
     beside = cupy_moe.sol080_backward(**a)
     for name, o, o2 in zip(NAMES, fused, beside):
         assert cp.array_equal(o.view(cp.uint8), o2.view(cp.uint8)), name
+
+
+@pytest.mark.parametrize("T,H,I,E,K,sms", [(1100, 128, 1000, 16, 4, "3"), (8500, 64, 136, 8, 2, "7")])
+def test_swiglu_beside_small_shapes(T, H, I, E, K, sms, monkeypatch):
+    """The same at small widths (d_act unsplit: at least 67 of its 128 x 128 tiles): a chunk of 11
+    rows at I = 1000 and rows split 366 / 367 / 367 among 3 blocks; a last column tile 8 wide at
+    I = 136; the fused path's bits, and within the pass rule of the reference."""
+    import cupy as cp
+    from cupy_moe.gpu import sol080 as gpu_sol080
+
+    host = make_sol080_inputs(T, H, I, E, K, seed=3)
+    a = {k: cp.asarray(v) for k, v in host.items()}
+    monkeypatch.setattr(gpu_sol080, "WD_FIRST", "0")
+    monkeypatch.setattr(gpu_sol080, "SWIGLU_SMS", "0")
+    fused = [o.copy() for o in cupy_moe.sol080_backward(**a)]
+    monkeypatch.setattr(gpu_sol080, "SWIGLU_SMS", sms)
+    beside = cupy_moe.sol080_backward(**a)
+    for name, o, o2 in zip(NAMES, fused, beside):
+        assert cp.array_equal(o.view(cp.uint8), o2.view(cp.uint8)), name
+    ref = cupy_moe.sol080_backward(**host)
+    for name, o, r in zip(NAMES, beside, ref):
+        if name == "grad_router_weight":
+            _assert_router_residue(o, r, T)
+        else:
+            assert relative_error(o, r) < 1e-2, name
