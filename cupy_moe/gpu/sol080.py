@@ -131,8 +131,8 @@ _WD_FIRST_MIN_T = 5120
 # wgmma costs d_act ~20% (bench/NOTES.md v0.12). The kernel (sol080_swiglu_backward_bulk) brings
 # its rows in by bulk copies and runs the fused epilogue's math: the same bits. It pays where
 # d_act's rounds leave grad_Wd to run mostly after it, with time for the SwiGLU beside it (T =
-# 4093: -14..-15 us in three runs, 3719: -5..-7; 3089 +13..+16, 2053 +12..+24, 1571 +7..+30, 997
-# +3..+16, where grad_Wd already fills d_act's last round and the SwiGLU lands on the dgrad's
+# 4093: -14..-15 us in four runs, 3719: -1..-6 in four; 3089 +13..+16, 2053 +12..+24, 1571 +7,
+# 997 +3..+16, where grad_Wd already fills d_act's last round and the SwiGLU lands on the dgrad's
 # path; bench/NOTES.md v0.13). "auto": _SWIGLU_BESIDE_SMS SMs from _SWIGLU_BESIDE_MIN_T tokens
 # up to where grad_Wd goes first (WD_FIRST); N: N SMs wherever d_act is unsplit and fused
 # (grad_Wd then never first); "0": never.
