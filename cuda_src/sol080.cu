@@ -91,8 +91,8 @@ extern "C" __global__ void sol080_swiglu_backward(const bf16_t* __restrict__ d_a
 // fused d_act epilogue's (contract_swiglu_pair: approximate sigmoid, packed products), so the
 // same bits as the shipped fused path. Alone on 14 SMs it moves ~63 GB/s an SM with 3 stages of
 // ~66 KB (bench/swiglu_bulk.py; 6 stages of half the size: ~46); sol080_swiglu_backward's exact
-// sigmoid, one chunk in flight a thread, issues-bound at ~33. Needs I % 8 == 0 and 16-byte
-// aligned arrays.
+// sigmoid, one chunk in flight a thread, is issue-bound at ~33. Needs sm_90 (the host launches it
+// only there), I % 8 == 0 and 16-byte aligned arrays.
 constexpr int kSwigluMaxStages = 8;
 
 extern "C" __global__ void sol080_swiglu_backward_bulk(const bf16_t* __restrict__ d_act,
@@ -150,6 +150,8 @@ extern "C" __global__ void sol080_swiglu_backward_bulk(const bf16_t* __restrict_
       issue(c + stages);
     }
   }
+#else
+  __trap();  // no bulk copies before sm_90
 #endif
 }
 

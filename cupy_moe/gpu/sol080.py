@@ -515,7 +515,7 @@ def _finish_d_act(inputs: _Inputs, ws: _Workspace, plan: _Plan, cancel) -> None:
         _launch.launch(mod, "sol080_swiglu_backward_pieces", (grid_stride_blocks(n),), (256,),
                        [ptr(ws.act_pieces), i32(plan.act_splits), ptr(gate), ptr(up)] + d_gate_up)
     elif not plan.act_fused and plan.swiglu_sms:  # beside grad_Wd: one block on each of its SMs
-        if not _swiglu_bulk(inputs, ws, 0, T, plan.swiglu_sms, cancel):  # (gate / up misaligned views)
+        if not _swiglu_bulk(inputs, ws, plan.swiglu_sms, cancel):  # (gate / up misaligned views)
             _launch.launch(mod, "sol080_swiglu_backward", (min(2 * plan.swiglu_sms, cdiv(n, 1024)),), (1024,),
                            [ptr(ws.d_act), ptr(gate), ptr(up)] + d_gate_up)
     elif not plan.act_fused:
@@ -526,25 +526,25 @@ def _finish_d_act(inputs: _Inputs, ws: _Workspace, plan: _Plan, cancel) -> None:
 # The bulk SwiGLU kernel's shared stages (<= kSwigluMaxStages in sol080.cu; A/B through
 # CUPY_MOE_SOL080_SWIGLU_STAGES) and the bytes of a stage's three inputs: (stages - 1) stages of
 # loads in flight an SM.
-_SWIGLU_STAGES = int(os.environ.get("CUPY_MOE_SOL080_SWIGLU_STAGES", "3"))
+_SWIGLU_STAGES = min(8, max(2, int(os.environ.get("CUPY_MOE_SOL080_SWIGLU_STAGES", "3"))))
 _SWIGLU_STAGE_BYTES = 198 * 1024 // _SWIGLU_STAGES
 
 
-def _swiglu_bulk(inputs: _Inputs, ws: _Workspace, r0: int, r1: int, blocks: int, cancel) -> bool:
-    """The SwiGLU backward contract of stored d_act's rows [r0, r1) by the bulk-copy kernel on
-    `blocks` blocks (one an SM: its stages take most of the shared memory), where the rows allow
-    bulk copies (else False: nothing launched)."""
+def _swiglu_bulk(inputs: _Inputs, ws: _Workspace, blocks: int, cancel) -> bool:
+    """The SwiGLU backward contract of stored d_act by the bulk-copy kernel on `blocks` blocks
+    (one an SM: its stages take most of the shared memory), where the rows allow bulk copies
+    (else False: nothing launched)."""
     gate, up = inputs.gate, inputs.up
-    I = gate.shape[1]
+    T, I = gate.shape
     acts = _Acts.of(inputs)
     rows = _SWIGLU_STAGE_BYTES // (3 * 2 * I)
-    at = lambda a, row_elems: _addr(a) + 2 * r0 * row_elems
-    d_act, g, u, dg = at(ws.d_act, I), at(gate, I), at(up, I), at(acts.at(ws.acts, acts.dg), acts.ld)
-    if not (I % 8 == 0 and acts.ld % 8 == 0 and rows >= 1 and all(a % 16 == 0 for a in (d_act, g, u, dg))):
+    dg = acts.at(ws.acts, acts.dg)
+    if not (I % 8 == 0 and acts.ld % 8 == 0 and rows >= 1 and all(
+            _addr(a) % 16 == 0 for a in (ws.d_act, gate, up, dg))):
         return False
-    _launch.launch(_build.load_module("sol080.cu"), "sol080_swiglu_backward_bulk", (min(blocks, r1 - r0),),
-                   (512,), [ptr(d_act), ptr(g), ptr(u), ptr(dg), i32(I), i32(r1 - r0), i64(acts.ld), i32(rows),
-                            i32(_SWIGLU_STAGES), ptr(cancel)],
+    _launch.launch(_build.load_module("sol080.cu"), "sol080_swiglu_backward_bulk", (min(blocks, T),), (512,),
+                   [ptr(ws.d_act), ptr(gate), ptr(up), ptr(dg), i32(I), i32(T), i64(acts.ld), i32(rows),
+                    i32(_SWIGLU_STAGES), ptr(cancel)],
                    shared_mem=_SWIGLU_STAGES * 3 * 2 * I * rows)
     return True
 
