@@ -65,7 +65,6 @@ def main():
         sol080.DGRAD_SPLITS = knobs.pop("dgs", "auto")
         sol080.SWIGLU_SMS = knobs.pop("sws", "auto")
         sol080._SWIGLU_STAGES = int(knobs.pop("swst", "3"))
-        sol080._SWIGLU_STAGE_BYTES = 198 * 1024 // sol080._SWIGLU_STAGES
         assert not knobs, f"unknown knobs {knobs}"
 
     def arith():  # the knobs that change the order of an fp32 sum or the SwiGLU kernel

@@ -10,6 +10,7 @@ import cupy as cp
 from benchmark import timer
 from cupy_moe import _build, _launch, bfloat16
 from cupy_moe._launch import grid_stride_blocks, i32, i64, ptr
+from cupy_moe.gpu.sol080 import _swiglu_rows
 
 
 def main():
@@ -28,7 +29,7 @@ def main():
     nbytes = 5 * T * I * 2
 
     def bulk(sms, stages, threads=512):
-        rows = 198 * 1024 // stages // (6 * I)
+        rows = _swiglu_rows(I, stages)
         return lambda: _launch.launch(mod, "sol080_swiglu_backward_bulk", (sms,), (threads,),
                                       [ptr(d_act), ptr(gate), ptr(up), ptr(dg), i32(I), i32(T), i64(ld),
                                        i32(rows), i32(stages), ptr(None)],

@@ -523,11 +523,16 @@ def _finish_d_act(inputs: _Inputs, ws: _Workspace, plan: _Plan, cancel) -> None:
                        [ptr(ws.d_act), ptr(gate), ptr(up)] + d_gate_up)
 
 
-# The bulk SwiGLU kernel's shared stages (<= kSwigluMaxStages in sol080.cu; A/B through
-# CUPY_MOE_SOL080_SWIGLU_STAGES) and the bytes of a stage's three inputs: (stages - 1) stages of
-# loads in flight an SM.
+# The bulk SwiGLU kernel's shared stages (2 .. kSwigluMaxStages in sol080.cu; A/B through
+# CUPY_MOE_SOL080_SWIGLU_STAGES), which share _SWIGLU_SMEM bytes: (stages - 1) stages of loads in
+# flight an SM.
 _SWIGLU_STAGES = min(8, max(2, int(os.environ.get("CUPY_MOE_SOL080_SWIGLU_STAGES", "3"))))
-_SWIGLU_STAGE_BYTES = 198 * 1024 // _SWIGLU_STAGES
+_SWIGLU_SMEM = 198 * 1024
+
+
+def _swiglu_rows(I: int, stages: int) -> int:
+    """Rows of a bulk SwiGLU stage: its three bf16 inputs of I columns each."""
+    return _SWIGLU_SMEM // stages // (3 * 2 * I)
 
 
 def _swiglu_bulk(inputs: _Inputs, ws: _Workspace, blocks: int, cancel) -> bool:
@@ -537,7 +542,7 @@ def _swiglu_bulk(inputs: _Inputs, ws: _Workspace, blocks: int, cancel) -> bool:
     gate, up = inputs.gate, inputs.up
     T, I = gate.shape
     acts = _Acts.of(inputs)
-    rows = _SWIGLU_STAGE_BYTES // (3 * 2 * I)
+    rows = _swiglu_rows(I, _SWIGLU_STAGES)
     dg = acts.at(ws.acts, acts.dg)
     if not (I % 8 == 0 and acts.ld % 8 == 0 and rows >= 1 and all(
             _addr(a) % 16 == 0 for a in (ws.d_act, gate, up, dg))):
