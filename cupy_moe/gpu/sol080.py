@@ -514,11 +514,9 @@ def _finish_d_act(inputs: _Inputs, ws: _Workspace, plan: _Plan, cancel) -> None:
     if plan.act_splits > 1:
         _launch.launch(mod, "sol080_swiglu_backward_pieces", (grid_stride_blocks(n),), (256,),
                        [ptr(ws.act_pieces), i32(plan.act_splits), ptr(gate), ptr(up)] + d_gate_up)
-    elif not plan.act_fused and plan.swiglu_sms:  # beside grad_Wd: one block on each of its SMs
-        if not _swiglu_bulk(inputs, ws, plan.swiglu_sms, cancel):  # (gate / up misaligned views)
-            _launch.launch(mod, "sol080_swiglu_backward", (min(2 * plan.swiglu_sms, cdiv(n, 1024)),), (1024,),
-                           [ptr(ws.d_act), ptr(gate), ptr(up)] + d_gate_up)
-    elif not plan.act_fused:
+    elif plan.act_fused or plan.swiglu_sms and _swiglu_bulk(inputs, ws, plan.swiglu_sms, cancel):
+        return  # fused, or beside grad_Wd (one block on each of its SMs)
+    else:  # (also where gate / up are views the bulk copies cannot take)
         _launch.launch(mod, "sol080_swiglu_backward", (grid_stride_blocks(n),), (256,),
                        [ptr(ws.d_act), ptr(gate), ptr(up)] + d_gate_up)
 
