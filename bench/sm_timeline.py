@@ -4,7 +4,7 @@ anything is built). One traced call after warm-up (its CUDA graph replayed, as t
 calls are; L2 flushed first), then per launch its blocks, SMs and span, and for the call: how
 many SMs were busy in each time slice, and the idle SM time in all.
 With --layer, the same for the full GLM-4.5-Air layer's backward (moe_backward, eager) at each T.
-Usage (device): PYTHONPATH=. python bench/sm_timeline.py [--bin 5] [--layer] [T ...]   (default 1879 8192)"""
+Usage (device): PYTHONPATH=. python bench/sm_timeline.py [--bin 5] [--layer] [--detail] [T ...]   (default 1879 8192)"""
 import argparse
 import os
 
@@ -52,7 +52,18 @@ def collect():
     return launches
 
 
-def report(launches, sms, bin_us):
+def block_detail(launches, t0):
+    """Per launch, its blocks' start, end and duration quantiles (min / median / max, us): whether
+    a launch is long because every block is, or because a few start late or run long."""
+    print(f"{'launch':<28}{'start min/med/max':>22}{'end min/med/max':>22}{'dur med/max':>16}")
+    for name, r in sorted(launches, key=lambda l: int(l[1]["start"].min())):
+        s, e = (r["start"].astype(np.int64) - t0) / 1e3, (r["end"].astype(np.int64) - t0) / 1e3
+        d = e - s
+        q = lambda v: f"{v.min():6.1f}{np.median(v):7.1f}{v.max():7.1f}"
+        print(f"{name:<28}{q(s):>22}{q(e):>22}{np.median(d):8.1f}{d.max():8.1f}")
+
+
+def report(launches, sms, bin_us, detail=False):
     t0 = min(int(r["start"].min()) for _, r in launches)
     t1 = max(int(r["end"].max()) for _, r in launches)
     span = (t1 - t0) / 1e3
@@ -66,6 +77,8 @@ def report(launches, sms, bin_us):
         used = {int(x) for x in r["smid"]}
         own = sum(_union([(a, b) for sm, a, b in zip(r["smid"], s, e) if int(sm) == u]) for u in used)
         print(f"{name:<28}{len(r):>7}{len(used):>5}{s.min():>9.1f}{e.max():>9.1f}{own:>9.0f}")
+    if detail:
+        block_detail(launches, t0)
     total = sum(_union(iv) for iv in busy)
     print(f"busy {total:.0f} of {sms * span:.0f} SM-us: {100 * (1 - total / (sms * span)):.1f}% idle "
           f"({sms * span - total:.0f} SM-us = {(sms * span - total) / sms:.1f} us of the whole GPU)")
@@ -101,6 +114,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", type=float, default=5.0)
     ap.add_argument("--layer", action="store_true")
+    ap.add_argument("--detail", action="store_true", help="per launch, its blocks' quantiles")
     ap.add_argument("T", nargs="*", type=int, default=[1879, 8192])
     args = ap.parse_args()
     flush = cp.empty(256 << 20, cp.uint8)
@@ -118,7 +132,7 @@ def main():
             reset()
             cupy_moe.moe_backward(dy, ctx)
             print(f"\n== layer backward T = {T}")
-            report(collect(), device_sms(), args.bin)
+            report(collect(), device_sms(), args.bin, args.detail)
         return
     for T in args.T:
         a = list(make_sol080_inputs(T, seed=T, xp=cp).values())
@@ -129,7 +143,7 @@ def main():
         reset()
         cupy_moe.sol080_backward(*a)
         print(f"\n== SOL-080 T = {T}")
-        report(collect(), device_sms(), args.bin)
+        report(collect(), device_sms(), args.bin, args.detail)
 
 
 if __name__ == "__main__":
