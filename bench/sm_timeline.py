@@ -4,7 +4,7 @@ anything is built). One traced call after warm-up (its CUDA graph replayed, as t
 calls are; L2 flushed first), then per launch its blocks, SMs and span, and for the call: how
 many SMs were busy in each time slice, and the idle SM time in all.
 With --layer, the same for the full GLM-4.5-Air layer's backward (moe_backward, eager) at each T.
-Usage (device): PYTHONPATH=. python bench/sm_timeline.py [--bin 5] [--layer] [--detail] [T ...]   (default 1879 8192)"""
+Usage (device): PYTHONPATH=. python bench/sm_timeline.py [--bin 5] [--layer] [--detail] [--tiles] [T ...]   (default 1879 8192)"""
 import argparse
 import os
 
@@ -13,6 +13,7 @@ os.environ["CUPY_MOE_TRACE"] = "1"  # before cupy_moe builds a kernel
 import numpy as np  # noqa: E402
 
 RECORD = np.dtype([("grid", "<u8"), ("block", "<u4"), ("smid", "<u4"), ("start", "<u8"), ("end", "<u8")])
+TILE = np.dtype([("grid", "<u8"), ("tile", "<u4"), ("smid", "<u4"), ("start", "<u8"), ("end", "<u8")])
 
 
 def traced_modules():
@@ -30,6 +31,35 @@ def _global(mod, name, dtype, count):
 def reset():
     for _, mod in traced_modules():
         _global(mod, "cupy_moe_trace_count", np.uint32, 1).fill(0)
+        _global(mod, "cupy_moe_tile_trace_count", np.uint32, 1).fill(0)
+
+
+def collect_tiles():
+    """{grid id: tile records} of the Hopper GEMMs' tiles (trace.cuh TRACE_TILE_END)."""
+    tiles = {}
+    for _, mod in traced_modules():
+        n = int(_global(mod, "cupy_moe_tile_trace_count", np.uint32, 1).get()[0])
+        if n == 0:
+            continue
+        recs = _global(mod, "cupy_moe_tile_trace", np.uint8, n * TILE.itemsize).get().view(TILE)
+        for grid in np.unique(recs["grid"]):
+            tiles[int(grid)] = recs[recs["grid"] == grid]
+    return tiles
+
+
+def tile_detail(launches, tiles, t0):
+    """Per GEMM launch: its tiles' main-loop times (quantiles, us), tiles per SM, and when each SM
+    finished its last tile: whether a ragged end comes from uneven tile counts or uneven tiles."""
+    print(f"{'launch':<28}{'tiles':>6}{'tile us min/med/max':>22}{'per SM':>10}{'last end min/med/max':>24}")
+    for name, r in sorted(launches, key=lambda l: int(l[1]["start"].min())):
+        tr = tiles.get(int(r["grid"][0]))
+        if tr is None:
+            continue
+        d = (tr["end"].astype(np.int64) - tr["start"].astype(np.int64)) / 1e3
+        sms, count = np.unique(tr["smid"], return_counts=True)
+        last = np.array([(tr["end"][tr["smid"] == sm].astype(np.int64).max() - t0) / 1e3 for sm in sms])
+        q = lambda v, f: " ".join(format(x, f) for x in (v.min(), np.median(v), v.max()))
+        print(f"{name:<28}{len(tr):>6}{q(d, '6.1f'):>22}{q(count, '2.0f'):>10}{q(last, '7.1f'):>24}")
 
 
 def collect():
@@ -63,7 +93,7 @@ def block_detail(launches, t0):
         print(f"{name:<28}{q(s):>22}{q(e):>22}{np.median(d):8.1f}{d.max():8.1f}")
 
 
-def report(launches, sms, bin_us, detail=False):
+def report(launches, sms, bin_us, detail=False, tiles=None):
     t0 = min(int(r["start"].min()) for _, r in launches)
     t1 = max(int(r["end"].max()) for _, r in launches)
     span = (t1 - t0) / 1e3
@@ -79,6 +109,8 @@ def report(launches, sms, bin_us, detail=False):
         print(f"{name:<28}{len(r):>7}{len(used):>5}{s.min():>9.1f}{e.max():>9.1f}{own:>9.0f}")
     if detail:
         block_detail(launches, t0)
+    if tiles:
+        tile_detail(launches, tiles, t0)
     total = sum(_union(iv) for iv in busy)
     print(f"busy {total:.0f} of {sms * span:.0f} SM-us: {100 * (1 - total / (sms * span)):.1f}% idle "
           f"({sms * span - total:.0f} SM-us = {(sms * span - total) / sms:.1f} us of the whole GPU)")
@@ -115,6 +147,7 @@ def main():
     ap.add_argument("--bin", type=float, default=5.0)
     ap.add_argument("--layer", action="store_true")
     ap.add_argument("--detail", action="store_true", help="per launch, its blocks' quantiles")
+    ap.add_argument("--tiles", action="store_true", help="per GEMM, its tiles' times and counts")
     ap.add_argument("T", nargs="*", type=int, default=[1879, 8192])
     args = ap.parse_args()
     flush = cp.empty(256 << 20, cp.uint8)
@@ -132,7 +165,7 @@ def main():
             reset()
             cupy_moe.moe_backward(dy, ctx)
             print(f"\n== layer backward T = {T}")
-            report(collect(), device_sms(), args.bin, args.detail)
+            report(collect(), device_sms(), args.bin, args.detail, args.tiles and collect_tiles())
         return
     for T in args.T:
         a = list(make_sol080_inputs(T, seed=T, xp=cp).values())
@@ -143,7 +176,7 @@ def main():
         reset()
         cupy_moe.sol080_backward(*a)
         print(f"\n== SOL-080 T = {T}")
-        report(collect(), device_sms(), args.bin, args.detail)
+        report(collect(), device_sms(), args.bin, args.detail, args.tiles and collect_tiles())
 
 
 if __name__ == "__main__":

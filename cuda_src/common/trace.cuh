@@ -2,8 +2,8 @@
 // CUPY_MOE_TRACE (cupy_moe/_build.py adds it when the environment variable CUPY_MOE_TRACE=1):
 // which SM ran each block of each launch (%gridid, unique per launch), from when to when
 // (%globaltimer, ns, one clock for all SMs). Block 0's thread 0 takes a record at entry; every
-// warp stamps its exit, the block's end is the last stamp. Without the define, TRACE_SCOPE() is
-// nothing: the kernels the library runs are not touched.
+// warp stamps its exit, the block's end is the last stamp. Without the define, TRACE_SCOPE() (and
+// the GEMM's TRACE_TILE_BEGIN / END) are nothing: the kernels the library runs are not touched.
 #pragma once
 
 #ifdef CUPY_MOE_TRACE
@@ -51,8 +51,40 @@ struct TraceScope {
   }
 };
 #define TRACE_SCOPE() TraceScope trace_scope_
+
+// Per tile of the Hopper GEMM (bench/sm_timeline.py --tiles): which SM ran tile `tile` of the
+// launch, from the consumer's first wait for its operands to its last MMA's completion.
+struct TileRecord {
+  unsigned long long grid;
+  unsigned int tile, smid;
+  unsigned long long start, end;
+};
+__device__ TileRecord cupy_moe_tile_trace[kTraceCapacity];
+__device__ unsigned int cupy_moe_tile_trace_count;
+
+__device__ __forceinline__ void trace_tile(int tile, unsigned long long start) {
+  const unsigned int n = atomicAdd(&cupy_moe_tile_trace_count, 1u);
+  if (n >= kTraceCapacity) return;
+  TileRecord& r = cupy_moe_tile_trace[n];
+  asm volatile("mov.u64 %0, %%gridid;" : "=l"(r.grid));
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(r.smid));
+  r.tile = (unsigned int)tile;
+  r.start = start;
+  r.end = trace_now();
+}
+#define TRACE_TILE_BEGIN() const unsigned long long trace_tile_start_ = trace_now()
+#define TRACE_TILE_END(record, tile) \
+  do {                               \
+    if (record) trace_tile(tile, trace_tile_start_); \
+  } while (0)
 #else
 #define TRACE_SCOPE() \
   do {            \
+  } while (0)
+#define TRACE_TILE_BEGIN() \
+  do {                     \
+  } while (0)
+#define TRACE_TILE_END(record, tile) \
+  do {                               \
   } while (0)
 #endif

@@ -701,6 +701,7 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
     // of a group) issues no MMAs: the other one then has the tensor cores to itself. (K-grouped
     // tiles keep both: their masking is a barrier of the two.)
     const bool idle = Cfg::GROUPING != kKGrouped && !L::PINGPONG && tc.m0 + 64 * wg >= tc.m_hi;
+    TRACE_TILE_BEGIN();
     int prev = -1;
     for (int kt = 0; kt < nk; ++kt) {
       mbar_wait(&full[stage], phase);
@@ -749,6 +750,7 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
     wgmma_wait<0>();
     #pragma unroll
     for (int b = 0; b < HV; ++b) fence_operands(acc[b]);
+    TRACE_TILE_END(tid == 0 && (L::PINGPONG || wg == 0), t);
     if (prev >= 0) release(prev);
     if constexpr (Cfg::SPLIT_CLUSTER) {  // summed in the cluster (split_cluster_epilogue)
       named_barrier(6, 128 * CONSUMER_WARPGROUPS);  // both warpgroups' MMAs are done with the stages
