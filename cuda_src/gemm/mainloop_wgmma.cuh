@@ -46,6 +46,13 @@ struct Plan {
   static constexpr bool CPA = CPA_A || CPA_B;
   static constexpr bool MASK_A = Cfg::GROUPING == kKGrouped && !CPA_A;
   static constexpr bool MASK_B = Cfg::GROUPING == kKGrouped && !CPA_B;
+  // K-grouped, a group's last k-tile short of BK lines (of at least BK in all): its loads end at
+  // the group's end instead, and the lines the tile before already counted are zeroed in A alone
+  // (mask_lines): both operands hold the group's own lines, so one zero operand suffices, where
+  // lines past the end (the next group's) had to be zeroed in both. A third of the stores for
+  // 128 x 256 tiles; the layer's [1408 x 4096] per-expert weight gradient at random routing 1460
+  // -> ~1340 us with A alone masked (bench/k_grouped_align.py, bench/NOTES.md v0.14).
+  static constexpr bool SHIFT_LAST = MASK_A;
   static constexpr bool TMA_STORE = Cfg::C_TMA;  // bf16 output with 16-byte aligned strides
   static constexpr int A_BYTES = BM * BK * 2, B_BYTES = Cfg::BN * BK * 2;
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
@@ -197,6 +204,7 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const Schedule
       if (!sched.in_segment(tc, s)) continue;  // as k_tiles counts them
       const int k_begin = Cfg::GROUPING == kKGrouped ? tc.k_lo : 0;
       const int k_end = Cfg::GROUPING == kKGrouped ? tc.k_hi : p.seg_k[s];
+      const bool shift_last = L::SHIFT_LAST && k_end - k_begin >= BK;  // (as the consumers decide)
       const bf16_t* a_base = (const bf16_t*)p.a[s];
       const bf16_t* b_base = (const bf16_t*)p.b[s] + (i64)grp * p.b_group_stride[s];
       for (int k0 = k_begin; k0 < k_end; k0 += BK, ++kt) {
@@ -205,20 +213,21 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const Schedule
         mbar_wait(&empty[stage], phase ^ 1);
         u8* ta = smem + stage * L::STAGE_BYTES;
         u8* tb = ta + L::A_BYTES;
+        const int kl = shift_last && k0 + BK > k_end ? k_end - BK : k0;  // the lines loaded
         if (tid == 0) {
           if constexpr (L::TMA_BYTES > 0) mbar_arrive_expect_tx(&full[stage], L::TMA_BYTES);
           else mbar_arrive(&full[stage]);
           if constexpr (!L::CPA_A)
-            tma_tile<BM, Cfg::A_KMAJOR>(ta, &P.tma_a[s], &full[stage], tc.m0, k0, 0);
+            tma_tile<BM, Cfg::A_KMAJOR>(ta, &P.tma_a[s], &full[stage], tc.m0, kl, 0);
           if constexpr (!L::CPA_B)
-            tma_tile<BN, Cfg::B_KMAJOR>(tb, &P.tma_b[s], &full[stage], tc.n0, k0, grp);
+            tma_tile<BN, Cfg::B_KMAJOR>(tb, &P.tma_b[s], &full[stage], tc.n0, kl, grp);
         }
         if constexpr (L::CPA_A)  // rows stop at the group's end (K-major) or at m
           cp_async_operand<BM, Cfg::A_KMAJOR>(ta, a_base, p.lda[s], p.gather_a, p.gather_div, tc.m0,
-                                              Cfg::A_KMAJOR ? tc.m_hi : p.m, k0, k_end, tid);
+                                              Cfg::A_KMAJOR ? tc.m_hi : p.m, kl, k_end, tid);
         if constexpr (L::CPA_B)
           cp_async_operand<BN, Cfg::B_KMAJOR>(tb, b_base, p.ldb[s], p.gather_b, p.gather_div, tc.n0,
-                                              p.n, k0, k_end, tid);
+                                              p.n, kl, k_end, tid);
         if constexpr (L::CPA) {
           cp_async_commit();
           cp_async_wait<L::CPA_LAG>();  // the copies of issue number `issued - CPA_LAG` have landed
@@ -242,19 +251,20 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const Schedule
   }
 }
 
-// K-grouped: zero lines [valid, BK) of the stage's TMA-loaded MN-major tiles (one 128-byte row
-// per line and atom), by the `threads` consumer threads that read the stage (barrier `bar`)
-// before any of them issues its MMAs.
+// K-grouped: zero lines [first, first + count) of the stage's TMA-loaded MN-major tiles (one
+// 128-byte row per line and atom), A's and, with b_too, B's, by the `threads` consumer threads
+// that read the stage (barrier `bar`) before any of them issues its MMAs.
 template <class Cfg>
-__device__ __forceinline__ void mask_lines(u8* stage, int valid, int tid, int threads, int bar) {
+__device__ __forceinline__ void mask_lines(u8* stage, int first, int count, bool b_too, int tid, int threads,
+                                           int bar) {
   using L = Plan<Cfg>;
-  constexpr int ATOMS_A = L::MASK_A ? BM / 64 : 0, ATOMS = ATOMS_A + (L::MASK_B ? Cfg::BN / 64 : 0);
-  const int chunks = (BK - valid) * 8 * ATOMS;
+  constexpr int ATOMS_A = L::MASK_A ? BM / 64 : 0, ATOMS_B = L::MASK_B ? Cfg::BN / 64 : 0;
+  const int chunks = count * 8 * (ATOMS_A + (b_too ? ATOMS_B : 0));
   for (int i = tid; i < chunks; i += threads) {
-    const int atom = i / ((BK - valid) * 8), rest = i % ((BK - valid) * 8);
+    const int atom = i / (count * 8), rest = i % (count * 8);
     u8* tile = atom < ATOMS_A ? stage + atom * ATOM_BYTES
                               : stage + L::A_BYTES + (atom - ATOMS_A) * ATOM_BYTES;
-    *(uint4*)(tile + (valid + rest / 8) * 128 + (rest % 8) * 16) = make_uint4(0, 0, 0, 0);
+    *(uint4*)(tile + (first + rest / 8) * 128 + (rest % 8) * 16) = make_uint4(0, 0, 0, 0);
   }
   fence_proxy_async();
   named_barrier(bar, threads);
@@ -714,8 +724,13 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
         const int seg_tiles = (tc.k_hi - tc.k_lo + BK - 1) / BK;
         const int valid = tc.k_hi - tc.k_lo - (kt % seg_tiles) * BK;
         if (valid < BK) {
-          if constexpr (L::PINGPONG) mask_lines<Cfg>(smem + stage * L::STAGE_BYTES, valid, tid, 128, 4 + wg);
-          else mask_lines<Cfg>(smem + stage * L::STAGE_BYTES, valid, tid + 128 * wg, 256, 1);
+          // Loaded shifted to the group's end (the producer's shift_last): the tile before's
+          // lines [0, BK - valid) in A; else the next group's [valid, BK) in both operands.
+          const bool shifted = L::SHIFT_LAST && tc.k_hi - tc.k_lo >= BK;
+          const int first = shifted ? 0 : valid;
+          u8* st = smem + stage * L::STAGE_BYTES;
+          if constexpr (L::PINGPONG) mask_lines<Cfg>(st, first, BK - valid, !shifted, tid, 128, 4 + wg);
+          else mask_lines<Cfg>(st, first, BK - valid, !shifted, tid + 128 * wg, 256, 1);
         }
       }
       const u32 a_tile = smem_addr(smem + stage * L::STAGE_BYTES);
