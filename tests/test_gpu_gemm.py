@@ -239,6 +239,36 @@ def test_k_grouped_empty_groups_write_zeros(m, n, gather, engine):
     assert relative_error(got, ref) < 1e-2
 
 
+@pytest.mark.parametrize("m,n", [(136, 264), (128, 1408)])
+@ENGINES
+def test_k_grouped_short_last_k_tiles(m, n, engine):
+    """K-grouped with TMA operands: groups of 0, 1, 63, 64, 65, 127, 128, 200 and 333 lines. A
+    group's last k-tile short of 64 lines (of at least 64 in all) loads the 64 lines ending at the
+    group's end and zeroes in A the ones the tile before counted; a shorter group zeroes the next
+    group's lines in both operands. An infinity in one group's B stays in that group's result."""
+    import cupy as cp
+    from cupy_moe.gpu.gemm import Segment
+
+    rng = np.random.default_rng(m + n)
+    sizes = [0, 1, 63, 64, 65, 127, 128, 200, 333]
+    offs = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+    L, G = int(offs[-1]), len(sizes)
+    A, B = _bf16(rng, L, m), _bf16(rng, L, n)
+    inf_group = 7  # 200 lines; its line 150 lies in the shifted last tile's zeroed overlap
+    B[offs[inf_group] + 150, 3] = np.inf
+    ref = np.stack([_f(A[offs[g]:offs[g + 1]]).T @ _f(B[offs[g]:offs[g + 1]]) for g in range(G)])
+    out = cp.empty((G, m, n), bfloat16)
+    _run(engine, m=m, n=n, segments=[Segment(cp.asarray(A), m, cp.asarray(B), n, k=L)], a_kmajor=False,
+         b_kmajor=False, out=out, ldc=n, c_group_stride=m * n, grouping="k",
+         group_offsets=cp.asarray(offs), num_groups=G)
+    got = out.get().astype(np.float32)
+    assert not got[0].any()
+    finite = [g for g in range(G) if g != inf_group]
+    assert np.isfinite(got[finite]).all()
+    assert not np.isfinite(got[inf_group][:, 3]).all()
+    assert relative_error(got[finite], ref[finite]) < 1e-2
+
+
 @pytest.mark.parametrize("grouping", ["none", "m", "k"])
 @ENGINES
 def test_more_tiles_than_sms(grouping, engine):

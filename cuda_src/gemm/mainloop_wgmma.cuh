@@ -49,9 +49,10 @@ struct Plan {
   // K-grouped, a group's last k-tile short of BK lines (of at least BK in all): its loads end at
   // the group's end instead, and the lines the tile before already counted are zeroed in A alone
   // (mask_lines): both operands hold the group's own lines, so one zero operand suffices, where
-  // lines past the end (the next group's) had to be zeroed in both. A third of the stores for
-  // 128 x 256 tiles; the layer's [1408 x 4096] per-expert weight gradient at random routing 1460
-  // -> ~1340 us with A alone masked (bench/k_grouped_align.py, bench/NOTES.md v0.14).
+  // lines past the end (the next group's) had to be zeroed in both (a non-finite B line of the
+  // group makes its result non-finite either way). A third of the stores for 128 x 256 tiles:
+  // the layer's [1408 x 4096] per-expert weight gradient at random routing 1460 -> 1298 us
+  // (64-aligned groups: 1217; bench/k_grouped_align.py, bench/NOTES.md v0.14).
   static constexpr bool SHIFT_LAST = MASK_A;
   static constexpr bool TMA_STORE = Cfg::C_TMA;  // bf16 output with 16-byte aligned strides
   static constexpr int A_BYTES = BM * BK * 2, B_BYTES = Cfg::BN * BK * 2;
