@@ -13,7 +13,6 @@ os.environ["CUPY_MOE_TRACE"] = "1"  # before cupy_moe builds a kernel
 import numpy as np  # noqa: E402
 
 RECORD = np.dtype([("grid", "<u8"), ("block", "<u4"), ("smid", "<u4"), ("start", "<u8"), ("end", "<u8")])
-TILE = np.dtype([("grid", "<u8"), ("tile", "<u4"), ("smid", "<u4"), ("start", "<u8"), ("end", "<u8")])
 
 
 def traced_modules():
@@ -35,13 +34,14 @@ def reset():
 
 
 def collect_tiles():
-    """{grid id: tile records} of the Hopper GEMMs' tiles (trace.cuh TRACE_TILE_END)."""
+    """{grid id: tile records} of the Hopper GEMMs' tiles (trace.cuh TRACE_TILE_END; RECORD's
+    layout, "block" holding the tile)."""
     tiles = {}
     for _, mod in traced_modules():
         n = int(_global(mod, "cupy_moe_tile_trace_count", np.uint32, 1).get()[0])
         if n == 0:
             continue
-        recs = _global(mod, "cupy_moe_tile_trace", np.uint8, n * TILE.itemsize).get().view(TILE)
+        recs = _global(mod, "cupy_moe_tile_trace", np.uint8, n * RECORD.itemsize).get().view(RECORD)
         for grid in np.unique(recs["grid"]):
             tiles[int(grid)] = recs[recs["grid"] == grid]
     return tiles

@@ -9,7 +9,7 @@
 #ifdef CUPY_MOE_TRACE
 struct TraceRecord {
   unsigned long long grid;
-  unsigned int block, smid;
+  unsigned int block, smid;  // (block: in cupy_moe_tile_trace, the GEMM's tile)
   unsigned long long start, end;
 };
 constexpr unsigned int kTraceCapacity = 1u << 18;
@@ -22,6 +22,14 @@ __device__ __forceinline__ unsigned long long trace_now() {
   return t;
 }
 
+// Which launch (%gridid) and SM wrote record r, for block or tile `index`, from `start`.
+__device__ __forceinline__ void trace_stamp(TraceRecord& r, unsigned int index, unsigned long long start) {
+  asm volatile("mov.u64 %0, %%gridid;" : "=l"(r.grid));
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(r.smid));
+  r.block = index;
+  r.start = start;
+}
+
 struct TraceScope {
   int rec;
   __device__ TraceScope() {
@@ -30,15 +38,8 @@ struct TraceScope {
       const unsigned int n = atomicAdd(&cupy_moe_trace_count, 1u);
       slot = n < kTraceCapacity ? (int)n : -1;
       if (slot >= 0) {
-        unsigned long long grid;
-        unsigned int sm;
-        asm volatile("mov.u64 %0, %%gridid;" : "=l"(grid));
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
         TraceRecord& r = cupy_moe_trace[slot];
-        r.grid = grid;
-        r.block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-        r.smid = sm;
-        r.start = trace_now();
+        trace_stamp(r, blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), trace_now());
         r.end = 0;
       }
     }
@@ -54,22 +55,14 @@ struct TraceScope {
 
 // Per tile of the Hopper GEMM (bench/sm_timeline.py --tiles): which SM ran tile `tile` of the
 // launch, from the consumer's first wait for its operands to its last MMA's completion.
-struct TileRecord {
-  unsigned long long grid;
-  unsigned int tile, smid;
-  unsigned long long start, end;
-};
-__device__ TileRecord cupy_moe_tile_trace[kTraceCapacity];
+__device__ TraceRecord cupy_moe_tile_trace[kTraceCapacity];
 __device__ unsigned int cupy_moe_tile_trace_count;
 
 __device__ __forceinline__ void trace_tile(int tile, unsigned long long start) {
   const unsigned int n = atomicAdd(&cupy_moe_tile_trace_count, 1u);
   if (n >= kTraceCapacity) return;
-  TileRecord& r = cupy_moe_tile_trace[n];
-  asm volatile("mov.u64 %0, %%gridid;" : "=l"(r.grid));
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(r.smid));
-  r.tile = (unsigned int)tile;
-  r.start = start;
+  TraceRecord& r = cupy_moe_tile_trace[n];
+  trace_stamp(r, (unsigned int)tile, start);
   r.end = trace_now();
 }
 #define TRACE_TILE_BEGIN() const unsigned long long trace_tile_start_ = trace_now()
