@@ -359,3 +359,19 @@ def test_out_transposed_takes_wide_tiles_and_the_transposed_map(host, monkeypatc
                   b_kmajor=False, out=out, ldc=1408, out_transposed=True)
         with pytest.raises(ValueError, match="out_transposed"):
             G.gemm(**dict(kw, **bad))
+
+
+def test_launch_tiles_of_the_shared_expert_weight_gradients(host):
+    """launch_tiles is the persistent grid's tile count (side_by_side shares the SMs by it): at
+    T = 8192, [dWsg; dWsu] (2816 x 4096) in 22 x 16 tiles of 128 x 256, dWsd stored transposed
+    (1408 x 4096) in 11 x 16; nothing where there is nothing to compute; no launch either way."""
+    launches, _ = host
+    x, d = _Array(0x1000_0000), _Array(0x2000_0000)
+    wgu = dict(m=2816, n=4096, segments=[G.Segment(d, 2816, x, 4096, k=8192)], a_kmajor=False,
+               b_kmajor=False, out=_Array(0x9000_0000), ldc=4096)
+    wd = dict(m=1408, n=4096, segments=[G.Segment(d, 1408, x, 4096, k=8192)], a_kmajor=False,
+              b_kmajor=False, out=_Array(0xA000_0000), ldc=1408, out_transposed=True)
+    assert G.launch_tiles(**wgu) == 352
+    assert G.launch_tiles(**wd) == 176
+    assert G.launch_tiles(**dict(wgu, m=0)) == 0
+    assert launches == []

@@ -116,3 +116,31 @@ def test_dwd_stored_transposed_or_not(name, T, routing, transposed, monkeypatch)
 
     monkeypatch.setattr(layer, "DWD_TRANSPOSED", transposed)
     _check(SMALL[name], T, routing, seed=T)
+
+
+@pytest.mark.parametrize("name,T,routing", [("aligned", 333, "random"), ("aligned", 4096, "skewed"),
+                                            ("odd", 64, "random")])
+def test_shared_weight_gradients_side_by_side(name, T, routing, monkeypatch):
+    """The shared expert's [dWsg; dWsu] beside dWsd (side_by_side, forced at these small sizes):
+    against the reference, and bitwise what one GEMM after the other gives. ("odd" keeps dgs and
+    dus apart: its sizes are off the Hopper loop.)"""
+    import cupy as cp
+
+    from cupy_moe.gpu import side_by_side
+
+    cfg = SMALL[name]
+    ctx = _check(cfg, T, routing, seed=T + 1)
+    monkeypatch.setattr(side_by_side, "MIN_GAIN_STEPS", 0)
+    forced = _check(cfg, T, routing, seed=T + 1)
+    np.testing.assert_array_equal(ctx.topk_indices, forced.topk_indices)
+    gargs = make_moe_inputs(cfg, T, seed=T + 1, routing=routing, xp=cp)
+    _, gctx = cupy_moe.moe_forward(**gargs, config=cfg)
+    dy = cp.asarray(np.random.default_rng(9).standard_normal((T, cfg.hidden_size),
+                                                             dtype=np.float32).astype(bfloat16))
+    both = cupy_moe.moe_backward(dy, gctx)
+    monkeypatch.setattr(side_by_side, "MIN_GAIN_STEPS", 1 << 30)
+    apart = cupy_moe.moe_backward(dy, gctx)
+    for f in both._fields:
+        a, b = getattr(both, f), getattr(apart, f)
+        np.testing.assert_array_equal(cp.asnumpy(a).view(np.uint8), cp.asnumpy(b).view(np.uint8),
+                                      err_msg=f)

@@ -299,15 +299,30 @@ def _addr(x) -> int:
     return x if isinstance(x, int) else x.data.ptr
 
 
-def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajor: bool,
-         out, ldc: int, epilogue: str = "bf16", grouping: str = "none",
-         group_offsets=None, num_groups: int = 0, c_group_stride: int = 0,
-         gather_a=None, gather_b=None, gather_div: int = 1, engine: str = "auto",
-         swiglu: SwigluBackward | None = None, k_splits: int = 1, cancel: int | None = None,
-         even_rounds: bool = False, wide: bool = False, sum_groups_and_halves: bool = False,
-         f32_head: tuple | None = None, dynamic: bool | None = None,
-         pingpong: bool | None = None, out_transposed: bool = False, max_ctas: int = 0) -> None:
-    """Launch one GEMM on the current stream.
+def gemm(**kwargs) -> None:
+    """Launch one GEMM on the current stream (the arguments and what they mean: prepare's)."""
+    launch = prepare(**kwargs)
+    if launch is not None:
+        launch.run(kwargs.get("swiglu") if kwargs.get("epilogue") == "swiglu_backward" else None)
+
+
+def launch_tiles(**kwargs) -> int:
+    """The output tiles (a Hopper loop's persistent grid shares them out) of the gemm() call with
+    these arguments; 0 off the Hopper loop or where nothing runs. Prepares the call (cached)."""
+    launch = prepare(**kwargs)
+    return launch.tiles if launch is not None and launch.kind == "sm90" else 0
+
+
+def prepare(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajor: bool,
+            out, ldc: int, epilogue: str = "bf16", grouping: str = "none",
+            group_offsets=None, num_groups: int = 0, c_group_stride: int = 0,
+            gather_a=None, gather_b=None, gather_div: int = 1, engine: str = "auto",
+            swiglu: SwigluBackward | None = None, k_splits: int = 1, cancel: int | None = None,
+            even_rounds: bool = False, wide: bool = False, sum_groups_and_halves: bool = False,
+            f32_head: tuple | None = None, dynamic: bool | None = None,
+            pingpong: bool | None = None, out_transposed: bool = False,
+            max_ctas: int = 0) -> "_Launch | None":
+    """The prepared launch of one GEMM (gemm() runs it), None where there is nothing to compute.
 
     grouping='m': rows are experts' segments group_offsets[g]:group_offsets[g+1] of m total rows,
     B of group g at b + g * b_group_stride. grouping='k': group g reduces over memory lines
@@ -359,7 +374,7 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
     assert k_splits == 1 or grouping == "none" and (
         epilogue == "f32" and c_group_stride >= m * ldc or epilogue in ("bf16", "swiglu_backward"))
     if m == 0 or n == 0:
-        return  # nothing to write (an M-grouped grid would otherwise still launch its group slack)
+        return None  # nothing to write (an M-grouped grid would otherwise still launch its group slack)
     import cupy
 
     opt = lambda a: 0 if a is None else _addr(a)
@@ -391,8 +406,8 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
             s = segments[0]
             halves = [Segment(s.a, s.lda, s.b, s.ldb, k=s.k),
                       Segment(_addr(s.a) + m, s.lda, s.b, s.ldb, k=s.k)]  # m / 2 bf16 along m
-            return gemm(m=m // 2, n=n, segments=halves, a_kmajor=a_kmajor, b_kmajor=b_kmajor,
-                        out=out, ldc=ldc, epilogue="f32", engine=engine, cancel=cancel)
+            return prepare(m=m // 2, n=n, segments=halves, a_kmajor=a_kmajor, b_kmajor=b_kmajor,
+                           out=out, ldc=ldc, epilogue="f32", engine=engine, cancel=cancel)
     launch = _prepared.get(key)
     if launch is None:
         launch = _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping,
@@ -402,7 +417,7 @@ def gemm(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_kmajo
         if len(_prepared) >= 1024:
             _prepared.clear()
         _prepared[key] = launch
-    launch.run(sw)
+    return launch
 
 
 _prepared = {}  # the gemm() call's addresses and sizes -> _Launch
@@ -424,6 +439,7 @@ class _Launch:
     m: int = 0
     n: int = 0
     tiles_n: int = 0   # sm90 SwiGLU epilogue: row partials per row
+    tiles: int = 0     # sm90: the output tiles the persistent grid shares out
     zero_bytes: tuple = ()  # (address, bytes) zeroed after the launch (split-K off the Hopper loop)
 
     def run(self, sw) -> None:
@@ -640,7 +656,7 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
         size = pieces * per_piece
         ctas = tiles = outputs * size
     return _Launch("sm90", module, "gemm_sm90_kernel", (ctas,), cfg.threads, smem, bytes(P),
-                   GemmSm90Params, cluster=size, m=m, n=n, tiles_n=tiles_n)
+                   GemmSm90Params, cluster=size, m=m, n=n, tiles_n=tiles_n, tiles=tiles)
 
 
 _COUNTER_PAIRS = 1 << 16

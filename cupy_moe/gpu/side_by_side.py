@@ -1,0 +1,79 @@
+"""Two independent GEMMs at once, each persistent grid on its own share of the SMs.
+
+A GEMM with fewer tiles than a few rounds of the SMs wastes its last round: the shared expert's
+weight gradients at T = 8192 are 352 tiles ([dWsg; dWsu], 2.67 rounds of 132) and 176 (dWsd,
+1.33), 3 + 2 rounds one after the other. Side by side on 88 + 44 SMs they take 4 rounds
+together. The second GEMM runs on a side stream of the caller's, forked from it before and
+joined into it after (events), so work on the caller's stream after side_by_side() waits for
+both, as it would for two launches in a row.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cupy as cp
+
+from .._launch import cdiv
+from .gemm import device_sms, gemm, launch_tiles
+
+# The least gain, in k-steps of 64 of a tile, worth a fork and a join (~4 us each way; a 128 x 256
+# k-step takes ~0.6 us): tests set 0 to take the side-by-side path at small sizes.
+MIN_GAIN_STEPS = 16
+_sides = {}  # (device, caller's stream) -> _Side
+
+
+@dataclass
+class _Side:
+    stream: object
+    fork: object
+    join: object
+
+    @classmethod
+    def of(cls, main) -> "_Side":
+        key = (cp.cuda.Device().id, main.ptr)
+        side = _sides.get(key)
+        if side is None:
+            if len(_sides) >= 16:
+                _sides.clear()
+            event = lambda: cp.cuda.Event(disable_timing=True)
+            side = _sides[key] = cls(cp.cuda.Stream(non_blocking=True), event(), event())
+        return side
+
+
+def split_sms(tiles: tuple, steps: tuple, sms: int) -> int:
+    """The SMs of the first of two GEMMs side by side (the second takes the rest), such that the
+    longer of the two takes the least time (rounds of tiles times the reduction steps of a tile),
+    or 0 when that gains less than MIN_GAIN_STEPS over one after the other on every SM."""
+    (ta, tb), (ka, kb) = tiles, steps
+    if ta == 0 or tb == 0 or sms < 2:
+        return 0
+    apart = cdiv(ta, sms) * ka + cdiv(tb, sms) * kb
+    best, split = min((max(cdiv(ta, c) * ka, cdiv(tb, sms - c) * kb), c) for c in range(1, sms))
+    return split if apart - best >= max(1, MIN_GAIN_STEPS) else 0
+
+
+def _steps(call: dict) -> int:
+    return sum(cdiv(s.k, 64) for s in call["segments"])
+
+
+def side_by_side(first: dict, second: dict) -> None:
+    """gemm(**first) and gemm(**second), which must not read what the other writes, at once where
+    that takes fewer rounds of tiles (split_sms), else one after the other. Either way the current
+    stream's later work runs after both. Bits equal to the two calls in a row (a tile's
+    reduction does not depend on the grid)."""
+    sms = device_sms()
+    split = split_sms((launch_tiles(**first), launch_tiles(**second)),
+                      (_steps(first), _steps(second)), sms)
+    if not split:
+        gemm(**first)
+        gemm(**second)
+        return
+    main = cp.cuda.get_current_stream()
+    side = _Side.of(main)
+    side.fork.record(main)
+    side.stream.wait_event(side.fork)
+    gemm(**first, max_ctas=split)  # launched first: its CTAs take their SMs first
+    with side.stream:
+        gemm(**second, max_ctas=sms - split)
+        side.join.record()
+    main.wait_event(side.join)

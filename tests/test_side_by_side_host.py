@@ -1,0 +1,42 @@
+"""side_by_side's share of the SMs, on the CPU: two GEMMs at once only where that takes fewer
+rounds of tiles (weighted by each tile's reduction steps) than one after the other."""
+import importlib
+import sys
+import types
+
+import pytest
+
+
+@pytest.fixture
+def split_sms(monkeypatch):
+    try:  # the device: the real CuPy
+        importlib.import_module("cupy")
+    except ImportError:
+        fake = types.ModuleType("cupy")
+        fake.cuda = types.SimpleNamespace(Device=lambda *a: types.SimpleNamespace(id=0))
+        monkeypatch.setitem(sys.modules, "cupy", fake)
+    from cupy_moe.gpu import side_by_side
+
+    return side_by_side.split_sms
+
+
+@pytest.mark.parametrize("tiles,steps,sms,split", [
+    ((352, 176), (128, 128), 132, 88),   # the shared expert's wgrads at T = 8192: 4 rounds, not 5
+    ((176, 352), (128, 128), 132, 44),
+    ((264, 132), (128, 128), 132, 0),    # whole rounds already: 2 + 1 either way
+    ((352, 176), (3, 3), 132, 0),        # T = 192: 3 k-steps a tile gain less than a fork costs
+    ((0, 176), (128, 128), 132, 0),
+    ((10, 10), (64, 64), 1, 0),
+])
+def test_split_sms(split_sms, tiles, steps, sms, split):
+    assert split_sms(tiles, steps, sms) == split
+
+
+def test_split_sms_balances_unequal_reductions(split_sms):
+    """A tile of the first takes 4x the steps of the second's: 150 of them on 75 SMs (2 rounds,
+    512 steps) beside 300 on 57 (6 rounds, 384), against 2 + 3 rounds (704) one after the other."""
+    from cupy_moe._launch import cdiv
+
+    c = split_sms((150, 300), (256, 64), 132)
+    assert max(cdiv(150, c) * 256, cdiv(300, 132 - c) * 64) == 512
+    assert cdiv(150, c) == 2
