@@ -9,12 +9,13 @@ small='test_small_shapes or (test_small_configs and (-1- or -7-)) or (test_dense
 small+=' or (test_m_grouped and 136-64) or (test_k_grouped and 136-72) or (test_swiglu and 136-200)'
 small+=' or test_gather_rows or test_routing_sort and -7- or (test_weight_gradient and 300-16)'
 small+=' or (test_single_rank_group_is_bitwise_one_gpu and random) or (test_swiglu_beside_small_shapes and 1100)'
+small+=' or test_side_by_side_equals or (test_shared_weight_gradients_side_by_side and 333)'
 status=0
 for tool in ${tools[@]}; do
   log=${OUT:-/tmp}/sanitize-$tool.log
   timeout "${SANITIZE_TIMEOUT:-600}" compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
     python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu_gemm.py tests/test_gpu_layer.py \
-    tests/test_gpu_sol080.py tests/test_gpu_routing.py tests/test_gpu_elementwise.py tests/test_gpu_router.py tests/test_gpu_parallel.py -k "$small" >"$log" 2>&1
+    tests/test_gpu_sol080.py tests/test_gpu_routing.py tests/test_gpu_elementwise.py tests/test_gpu_router.py tests/test_gpu_parallel.py tests/test_gpu_side_by_side.py -k "$small" >"$log" 2>&1
   rc=$?
   echo "$tool: exit $rc; $(grep -E 'ERROR SUMMARY|passed|failed' "$log" | tail -2 | tr '\n' ' ')"
   [ $rc -eq 0 ] || status=1

@@ -1,0 +1,50 @@
+"""The K-grouped weight gradient's store path and consumer mode: the layer's [1408 x 4096]
+per-expert wgrad (65536 rows, random routing and 512 each) as shipped (cooperative 128 x 256, bf16
+through shared memory and TMA stores), with register stores (C_TMA off, 3 or 4 stages) and on
+ping-pong 128 x 128 consumers (gemm.CONFIG_OVERRIDE; times only, the suite checks the bits).
+Session 15: 1291 / 1925 / 1922 / 1483 us at random routing: a tile's epilogue is ~1.6 us of
+its ~7.6 (bench/NOTES.md v0.15).
+Usage (device): PYTHONPATH=. python bench/k_grouped_variants.py"""
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from benchmark import timer  # noqa: E402
+
+
+def main():
+    import cupy as cp
+    from cupy_moe import bfloat16
+    from cupy_moe.gpu import gemm as G
+    from cupy_moe.gpu.gemm import Segment, gemm
+
+    measure = timer(20)
+    rng = np.random.default_rng(0)
+    m, n, E, rows = 1408, 4096, 128, 65536
+    cases = [("random", rng.multinomial(rows, np.full(E, 1 / E))), ("512 each", np.full(E, rows // E))]
+    A = cp.random.standard_normal((rows, m), dtype=cp.float32).astype(bfloat16)
+    B = cp.random.standard_normal((rows, n), dtype=cp.float32).astype(bfloat16)
+    C = cp.empty((E, m, n), bfloat16)
+    for label, over in (("base", {}), ("C_TMA off", dict(C_TMA=False)),
+                        ("C_TMA off, 4 stages", dict(C_TMA=False, STAGES=4)),
+                        ("pingpong 128", None)):
+        G.CONFIG_OVERRIDE = over or {}
+        for name, sizes in cases:
+            offs = cp.asarray(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32))
+            kw = dict(pingpong=True) if over is None else {}
+            run = lambda: gemm(m=m, n=n, segments=[Segment(A, m, B, n, k=rows)], a_kmajor=False,
+                               b_kmajor=False, out=C, ldc=n, c_group_stride=m * n, grouping="k",
+                               group_offsets=offs, num_groups=E, **kw)
+            try:
+                us = measure(run)
+            except Exception as exc:
+                print(f"{label:<22} {name:<10} failed: {str(exc)[:120]}", flush=True)
+                continue
+            print(f"{label:<22} {name:<10} {us:8.1f} us {2 * rows * m * n / us / 1e6:7.1f} TFLOP/s", flush=True)
+    G.CONFIG_OVERRIDE = {}
+
+
+if __name__ == "__main__":
+    main()
