@@ -40,3 +40,31 @@ def test_split_sms_balances_unequal_reductions(split_sms):
     c = split_sms((150, 300), (256, 64), 132)
     assert max(cdiv(150, c) * 256, cdiv(300, 132 - c) * 64) == 512
     assert cdiv(150, c) == 2
+
+
+def test_side_streams_are_kept_per_stream_and_event_names(monkeypatch):
+    """streams.Side: one side stream and one event per name, made once per (device, caller's
+    stream, names); SOL-080's four events and side_by_side's two are separate sides."""
+    fake = types.ModuleType("cupy")
+    made = []
+    fake.cuda = types.SimpleNamespace(
+        Device=lambda *a: types.SimpleNamespace(id=0),
+        Stream=lambda non_blocking: made.append("stream") or object(),
+        Event=lambda disable_timing: made.append("event") or object())
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    import cupy_moe.gpu as gpu
+
+    # A fresh copy of the module bound to the stand-in (the real one, if imported, comes back).
+    monkeypatch.delitem(sys.modules, "cupy_moe.gpu.streams", raising=False)
+    if hasattr(gpu, "streams"):
+        monkeypatch.setattr(gpu, "streams", gpu.streams)
+    streams = importlib.import_module("cupy_moe.gpu.streams")
+    monkeypatch.setitem(sys.modules, "cupy_moe.gpu.streams", streams)  # removed again at teardown
+
+    main, other = types.SimpleNamespace(ptr=1), types.SimpleNamespace(ptr=2)
+    sol = streams.Side.of(main, ("fork", "d_act_done", "router_done", "join"))
+    assert streams.Side.of(main, ("fork", "d_act_done", "router_done", "join")) is sol
+    pair = streams.Side.of(main, ("fork", "join"))
+    assert pair is not sol and streams.Side.of(other, ("fork", "join")) is not pair
+    assert sol.fork is not sol.join and sol.router_done is not sol.d_act_done
+    assert made.count("stream") == 3 and made.count("event") == 8

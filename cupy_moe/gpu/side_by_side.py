@@ -9,35 +9,15 @@ both, as it would for two launches in a row.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import cupy as cp
 
 from .._launch import cdiv
 from .gemm import device_sms, gemm, launch_tiles
+from .streams import Side
 
 # The least gain, in k-steps of 64 of a tile, worth a fork and a join (~4 us each way; a 128 x 256
 # k-step takes ~0.6 us): tests set 0 to take the side-by-side path at small sizes.
 MIN_GAIN_STEPS = 16
-_sides = {}  # (device, caller's stream) -> _Side
-
-
-@dataclass
-class _Side:
-    stream: object
-    fork: object
-    join: object
-
-    @classmethod
-    def of(cls, main) -> "_Side":
-        key = (cp.cuda.Device().id, main.ptr)
-        side = _sides.get(key)
-        if side is None:
-            if len(_sides) >= 16:
-                _sides.clear()
-            event = lambda: cp.cuda.Event(disable_timing=True)
-            side = _sides[key] = cls(cp.cuda.Stream(non_blocking=True), event(), event())
-        return side
 
 
 def split_sms(tiles: tuple, steps: tuple, sms: int) -> int:
@@ -69,7 +49,7 @@ def side_by_side(first: dict, second: dict) -> None:
         gemm(**second)
         return
     main = cp.cuda.get_current_stream()
-    side = _Side.of(main)
+    side = Side.of(main, ("fork", "join"))
     side.fork.record(main)
     side.stream.wait_event(side.fork)
     gemm(**first, max_ctas=split)  # launched first: its CTAs take their SMs first

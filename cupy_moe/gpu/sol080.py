@@ -62,6 +62,7 @@ from . import graphs, router
 from . import gemm as gemm_module
 from .gemm import (Segment, Sm90Config, SwigluBackward, _addr, device_sms, even_round_ctas, gemm,
                    k_splits_for, sm90_applies, transposed_applies)
+from .streams import Side
 
 CONCURRENT = os.environ.get("CUPY_MOE_SOL080_STREAMS", "1") != "0"
 # A/B only: 0 runs d_act as a plain GEMM and the SwiGLU backward as an elementwise kernel, where
@@ -139,35 +140,12 @@ _WD_FIRST_MIN_T = 5120
 SWIGLU_SMS = os.environ.get("CUPY_MOE_SOL080_SWIGLU_SMS", "auto")
 _SWIGLU_BESIDE_SMS = 20
 _SWIGLU_BESIDE_MIN_T = 3584
-_side = {}  # (device, stream) -> _Side
+_SIDE_EVENTS = ("fork", "d_act_done", "router_done", "join")  # the side stream's (streams.Side)
 
 
 def _knob(value: str, auto: bool) -> bool:
     """An "auto" | "1" | "0" knob's answer: "auto" takes the plan's rule."""
     return value == "1" or value == "auto" and auto
-
-
-@dataclass
-class _Side:
-    """The side stream of a caller's stream and the events that order the two."""
-
-    stream: object
-    fork: object
-    d_act_done: object
-    router_done: object
-    join: object
-
-    @classmethod
-    def of(cls, main) -> "_Side":
-        key = (cp.cuda.Device().id, main.ptr)
-        entry = _side.get(key)
-        if entry is None:
-            if len(_side) >= 16:
-                _side.clear()
-            event = lambda: cp.cuda.Event(disable_timing=True)
-            entry = _side[key] = cls(cp.cuda.Stream(non_blocking=True), event(), event(), event(),
-                                     event())
-        return entry
 
 
 class _Inputs(NamedTuple):
@@ -404,7 +382,7 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
         if name in plan.even_rounds and kwargs.get("k_splits", 1) == 1:
             kwargs["even_rounds"] = True
     main = cp.cuda.get_current_stream()
-    side = _Side.of(main) if CONCURRENT else None
+    side = Side.of(main, _SIDE_EVENTS) if CONCURRENT else None
     wgu_on_main = side is not None and plan.small_t_order == "wgu-main"
     if side is not None and plan.small_t_order:
         free = device_sms() - _dgrad_ctas(inputs, plan)
