@@ -1,9 +1,11 @@
 """The K-grouped weight gradient's store path and consumer mode: the layer's [1408 x 4096]
 per-expert wgrad (65536 rows, random routing and 512 each) as shipped (cooperative 128 x 256, bf16
 through shared memory and TMA stores), with register stores (C_TMA off, 3 or 4 stages) and on
-ping-pong 128 x 128 consumers (gemm.CONFIG_OVERRIDE; times only, the suite checks the bits).
-Session 15: 1291 / 1925 / 1922 / 1483 us at random routing: a tile's epilogue is ~1.6 us of
-its ~7.6 (bench/NOTES.md v0.15).
+ping-pong 128 x 128 consumers, and in the static tile order or with claims (gemm.CONFIG_OVERRIDE
+and gemm()'s dynamic / pingpong; times only, the suite checks the bits). Session 15: 1291 /
+1925 / 1922 / 1483 us at random routing (base / register stores / 4 stages / ping-pong; the
+order variants not yet run). A tile spends ~1.6 of its ~7.6 us outside its main loop
+(bench/NOTES.md v0.15).
 Usage (device): PYTHONPATH=. python bench/k_grouped_variants.py"""
 import os
 import sys
@@ -27,13 +29,15 @@ def main():
     A = cp.random.standard_normal((rows, m), dtype=cp.float32).astype(bfloat16)
     B = cp.random.standard_normal((rows, n), dtype=cp.float32).astype(bfloat16)
     C = cp.empty((E, m, n), bfloat16)
-    for label, over in (("base", {}), ("C_TMA off", dict(C_TMA=False)),
-                        ("C_TMA off, 4 stages", dict(C_TMA=False, STAGES=4)),
-                        ("pingpong 128", None)):
-        G.CONFIG_OVERRIDE = over or {}
+    # (label, CONFIG_OVERRIDE, gemm() keywords)
+    variants = (("base", {}, {}), ("static order", {}, dict(dynamic=False)),
+                ("claims", {}, dict(dynamic=True)), ("C_TMA off", dict(C_TMA=False), {}),
+                ("C_TMA off, 4 stages", dict(C_TMA=False, STAGES=4), {}),
+                ("pingpong 128", {}, dict(pingpong=True)))
+    for label, over, kw in variants:
+        G.CONFIG_OVERRIDE = over
         for name, sizes in cases:
             offs = cp.asarray(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32))
-            kw = dict(pingpong=True) if over is None else {}
             run = lambda: gemm(m=m, n=n, segments=[Segment(A, m, B, n, k=rows)], a_kmajor=False,
                                b_kmajor=False, out=C, ldc=n, c_group_stride=m * n, grouping="k",
                                group_offsets=offs, num_groups=E, **kw)

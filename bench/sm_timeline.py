@@ -47,19 +47,44 @@ def collect_tiles():
     return tiles
 
 
+EPILOGUE = 0x80000000  # trace.cuh kTraceEpilogue: a tile's epilogue record
+
+
+def _after_epilogues(main, epi):
+    """us from each epilogue's end to the next main loop's start on the same SM (what a consumer
+    spends between tiles outside both: the next tile's index, its coordinates, zeroing)."""
+    gaps = []
+    for sm in np.unique(epi["smid"]):
+        starts = np.sort(main["start"][main["smid"] == sm].astype(np.int64))
+        ends = epi["end"][epi["smid"] == sm].astype(np.int64)
+        nxt = np.searchsorted(starts, ends)
+        ok = nxt < len(starts)
+        gaps.append((starts[nxt[ok]] - ends[ok]) / 1e3)
+    return np.concatenate(gaps) if gaps else np.zeros(0)
+
+
 def tile_detail(launches, tiles, t0):
     """Per GEMM launch: its tiles' main-loop times (quantiles, us), tiles per SM, and when each SM
-    finished its last tile: whether a ragged end comes from uneven tile counts or uneven tiles."""
-    print(f"{'launch':<28}{'tiles':>6}{'tile us min/med/max':>22}{'per SM':>10}{'last end min/med/max':>24}")
+    finished its last tile: whether a ragged end comes from uneven tile counts or uneven tiles.
+    Then the consumer's epilogue per tile and the time from it to the next tile's main loop
+    (medians, us; cooperative consumers: warpgroup 0's)."""
+    print(f"{'launch':<28}{'tiles':>6}{'tile us min/med/max':>22}{'per SM':>10}{'last end min/med/max':>24}"
+          f"{'epi':>7}{'after':>7}")
     for name, r in sorted(launches, key=lambda l: int(l[1]["start"].min())):
-        tr = tiles.get(int(r["grid"][0]))
-        if tr is None:
+        rec = tiles.get(int(r["grid"][0]))
+        if rec is None:
             continue
+        is_epi = (rec["block"] & EPILOGUE) != 0
+        tr, epi = rec[~is_epi], rec[is_epi]
         d = (tr["end"].astype(np.int64) - tr["start"].astype(np.int64)) / 1e3
         sms, count = np.unique(tr["smid"], return_counts=True)
         last = np.array([(tr["end"][tr["smid"] == sm].astype(np.int64).max() - t0) / 1e3 for sm in sms])
         q = lambda v, f: " ".join(format(x, f) for x in (v.min(), np.median(v), v.max()))
-        print(f"{name:<28}{len(tr):>6}{q(d, '6.1f'):>22}{q(count, '2.0f'):>10}{q(last, '7.1f'):>24}")
+        e = (epi["end"].astype(np.int64) - epi["start"].astype(np.int64)) / 1e3
+        after = _after_epilogues(tr, epi)
+        med = lambda v: format(np.median(v), "7.2f") if len(v) else f"{'-':>7}"
+        print(f"{name:<28}{len(tr):>6}{q(d, '6.1f'):>22}{q(count, '2.0f'):>10}{q(last, '7.1f'):>24}"
+              f"{med(e)}{med(after)}")
 
 
 def collect():

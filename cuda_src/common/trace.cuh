@@ -3,7 +3,7 @@
 // which SM ran each block of each launch (%gridid, unique per launch), from when to when
 // (%globaltimer, ns, one clock for all SMs). Block 0's thread 0 takes a record at entry; every
 // warp stamps its exit, the block's end is the last stamp. Without the define, TRACE_SCOPE() (and
-// the GEMM's TRACE_TILE_BEGIN / END) are nothing: the kernels the library runs are not touched.
+// the GEMM's TRACE_TILE_* / TRACE_EPI_*) are nothing: the kernels the library runs are not touched.
 #pragma once
 
 #ifdef CUPY_MOE_TRACE
@@ -58,17 +58,26 @@ struct TraceScope {
 __device__ TraceRecord cupy_moe_tile_trace[kTraceCapacity];
 __device__ unsigned int cupy_moe_tile_trace_count;
 
-__device__ __forceinline__ void trace_tile(int tile, unsigned long long start) {
+// The consumer's epilogue of a tile (TRACE_EPI_*: from its last MMA's completion to its result
+// handed off) goes to the same records, the tile's index with kTraceEpilogue set.
+constexpr unsigned int kTraceEpilogue = 0x80000000u;
+
+__device__ __forceinline__ void trace_tile(unsigned int tile, unsigned long long start) {
   const unsigned int n = atomicAdd(&cupy_moe_tile_trace_count, 1u);
   if (n >= kTraceCapacity) return;
   TraceRecord& r = cupy_moe_tile_trace[n];
-  trace_stamp(r, (unsigned int)tile, start);
+  trace_stamp(r, tile, start);
   r.end = trace_now();
 }
 #define TRACE_TILE_BEGIN() const unsigned long long trace_tile_start_ = trace_now()
 #define TRACE_TILE_END(record, tile) \
   do {                               \
-    if (record) trace_tile(tile, trace_tile_start_); \
+    if (record) trace_tile((unsigned int)(tile), trace_tile_start_); \
+  } while (0)
+#define TRACE_EPI_BEGIN() const unsigned long long trace_epi_start_ = trace_now()
+#define TRACE_EPI_END(record, tile) \
+  do {                              \
+    if (record) trace_tile((unsigned int)(tile) | kTraceEpilogue, trace_epi_start_); \
   } while (0)
 #else
 #define TRACE_SCOPE() \
@@ -79,5 +88,11 @@ __device__ __forceinline__ void trace_tile(int tile, unsigned long long start) {
   } while (0)
 #define TRACE_TILE_END(record, tile) \
   do {                               \
+  } while (0)
+#define TRACE_EPI_BEGIN() \
+  do {                    \
+  } while (0)
+#define TRACE_EPI_END(record, tile) \
+  do {                              \
   } while (0)
 #endif

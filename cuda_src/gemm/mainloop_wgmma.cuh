@@ -767,6 +767,7 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
     #pragma unroll
     for (int b = 0; b < HV; ++b) fence_operands(acc[b]);
     TRACE_TILE_END(tid == 0 && (L::PINGPONG || wg == 0), t);
+    TRACE_EPI_BEGIN();
     if (prev >= 0) release(prev);
     if constexpr (Cfg::SPLIT_CLUSTER) {  // summed in the cluster (split_cluster_epilogue)
       named_barrier(6, 128 * CONSUMER_WARPGROUPS);  // both warpgroups' MMAs are done with the stages
@@ -789,6 +790,7 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
           store_tile_direct<Cfg>(P.base, tc, acc[b], row_off(b), warp, lane);
       }
     }
+    TRACE_EPI_END(tid == 0 && (L::PINGPONG || wg == 0), t);
   }
   if (L::TMA_STORE && tid == 0) bulk_wait();
 }
