@@ -21,8 +21,9 @@ MAX_GROUPS = 64  # the top-k kernel passes the kept groups as a 64-bit mask
 # Each expert's dWd [H, I] as (aw^T dy)^T, stored transposed (gemm(out_transposed)): I = 1408
 # rows in 11 tiles of 128 and H = 4096 columns in 16 of 256, instead of 128 x 256 tiles over
 # n = 1408 whose last column is half empty. The same bits; the layer backward at T = 8192 10.67
-# vs 10.80 ms (three paired rounds; bench/NOTES.md v0.11). CUPY_MOE_LAYER_DWD_TRANSPOSED=0 turns
-# it off (the whole GPU suite passed with it on: v0.12).
+# vs 10.80 ms (three paired rounds; bench/NOTES.md v0.11). The shared expert's dWsd the same way
+# (its 176 tiles then fit beside [dWsg; dWsu]'s 352 in whole rounds). CUPY_MOE_LAYER_DWD_TRANSPOSED=0
+# turns both off (the whole GPU suite passed with it on: v0.12, v0.15).
 DWD_TRANSPOSED = os.environ.get("CUPY_MOE_LAYER_DWD_TRANSPOSED", "1") != "0"
 
 
