@@ -1,7 +1,7 @@
 """A caller's stream's side stream, and named events that order the two: what a call that runs
 launches side by side (gpu/side_by_side.py, gpu/sol080.py) forks onto and joins back from. Made
-once per (device, caller's stream, event names) and kept: CUDA-graph captures of a call record
-the same stream and events on every replay's key."""
+once per (device, caller's stream, event names) and kept, so repeated calls on one stream make no
+new streams or events."""
 from __future__ import annotations
 
 import cupy as cp
