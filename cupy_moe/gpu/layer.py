@@ -105,11 +105,10 @@ def shared_forward(x, wg, wu, wd):
 
 def forward(x, wr, bias, wg, wu, wd, wsg, wsu, wsd, config):
     check_config(config)
-    T, H = x.shape
-    E, K = config.n_routed_experts, config.num_experts_per_tok
+    E = config.n_routed_experts
     scores, idx, w = router.forward(x, wr, bias, config)
     r = routing.sort(idx, E)
-    x_sorted = elementwise.gather_rows(x, r.sorted_slots, K)
+    x_sorted = elementwise.rows_by_expert(x, r.slot_rows, config.num_experts_per_tok)
     gate, up, act, y_sorted = experts_forward(x_sorted, r.expert_offsets, E, wg, wu, wd)
     return finish_forward((x, wr, wg, wu, wd, wsg, wsu, wsd), config, (scores, idx, w, r), y_sorted,
                           (gate, up, act), sorted_hidden_states=x_sorted)
@@ -139,16 +138,15 @@ def finish_forward(inputs, config, routed, y_sorted, saved, **extra):
 
 
 def backward(dy, ctx: MoEContext) -> MoEGradients:
-    cfg = ctx.config
     x = ctx.hidden_states
-    E, K = cfg.n_routed_experts, cfg.num_experts_per_tok
+    E = ctx.config.n_routed_experts
     slots = ctx.sorted_slots
     # Token rows in the experts' order, so every grouped GEMM reads plain rows (x's from the
     # forward).
-    dy_sorted = elementwise.gather_rows(dy, slots, K)
+    dy_sorted = elementwise.rows_by_expert(dy, ctx.slot_rows, ctx.config.num_experts_per_tok)
     x_sorted = ctx.sorted_hidden_states
     if x_sorted is None:
-        x_sorted = elementwise.gather_rows(x, slots, K)
+        x_sorted = elementwise.rows_by_expert(x, ctx.slot_rows, ctx.config.num_experts_per_tok)
     dw_sorted, dx_sorted, d_gate_w, d_up_w, d_down_w = experts_backward(
         x_sorted, dy_sorted, ctx.gate, ctx.up, ctx.act, ctx.expert_offsets, E,
         ctx.expert_gate_weight, ctx.expert_up_weight, ctx.expert_down_weight,

@@ -62,14 +62,14 @@ class GpuExpertParallelState:
 
 def forward(x, wr, bias, wg, wu, wd, wsg, wsu, wsd, config, group):
     check_config(config)
-    E, K = config.n_routed_experts, config.num_experts_per_tok
+    E = config.n_routed_experts
     El = wg.shape[0]
     scores, idx, w = router.forward(x, wr, bias, config)
     r = routing.sort(idx, E)
     plan = plan_dispatch(r.tokens_per_expert.get(), group)
     to_em, to_recv = _Permutation.of(plan.to_expert_major), _Permutation.of(plan.to_received)
     offsets = cp.asarray(plan.local_offsets)
-    x_sorted = elementwise.gather_rows(x, r.sorted_slots, K)
+    x_sorted = elementwise.rows_by_expert(x, r.slot_rows, config.num_experts_per_tok)
     x_rows = to_em(group.exchange_rows(x_sorted, plan.send_counts, plan.recv_counts))
     del x_sorted
     gate, up, act, y_rows = experts_forward(x_rows, offsets, El, wg, wu, wd)
@@ -84,7 +84,6 @@ def forward(x, wr, bias, wg, wu, wd, wsg, wsu, wsd, config, group):
 def backward(dy, ctx: MoEContext):
     ep = ctx.expert_parallel
     plan, group = ep.plan, ep.group
-    K = ctx.config.num_experts_per_tok
     slots = ctx.sorted_slots
 
     def to_experts(rows):
@@ -93,7 +92,7 @@ def backward(dy, ctx: MoEContext):
     def to_sources(rows):
         return group.exchange_rows(ep.to_received(rows), plan.recv_counts, plan.send_counts)
 
-    dy_rows = to_experts(elementwise.gather_rows(dy, slots, K))
+    dy_rows = to_experts(elementwise.rows_by_expert(dy, ctx.slot_rows, ctx.config.num_experts_per_tok))
     w_rows = to_experts(ctx.topk_weights.reshape(-1)[slots])
     dw_rows, dx_rows, d_gate_w, d_up_w, d_down_w = experts_backward(
         ep.x_rows, dy_rows, ep.gate, ep.up, ep.act, ep.local_offsets, ctx.expert_gate_weight.shape[0],
