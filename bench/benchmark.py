@@ -135,6 +135,14 @@ def gemm_table(reps):
                     print(f"  torch._grouped_mm (K-grouped) unavailable: {exc}")
             row(f"K-grouped {m_}x{n_} per expert, {skew}", 2 * rows * m_ * n_, run("sm90"),
                 run("mma"), None, t_torch)
+            if n_ % 256:  # the layer's dWd: C^T = B^T A per expert in 128 x 256 tiles, stored
+                # transposed (gemm(out_transposed)), so no column tile is half empty
+                seg_t = [Segment(B, n_, A, m_, k=rows)]
+                run_t = lambda: gemm(m=n_, n=m_, segments=seg_t, a_kmajor=False, b_kmajor=False,
+                                     out=C, ldc=n_, c_group_stride=m_ * n_, grouping="k",
+                                     group_offsets=offs, num_groups=E, out_transposed=True)
+                row(f"K-grouped {m_}x{n_} per expert, {skew}, as C^T", 2 * rows * m_ * n_, run_t,
+                    run("mma"), None, t_torch)
         if skew == "balanced":  # the layer's gathered forms: token rows read through sorted slots
             T = rows // 8
             slots = cp.asarray(rng.permutation(rows).astype(np.int32))
