@@ -36,20 +36,15 @@ extern "C" __global__ void scatter_rows(const bf16_t* __restrict__ src, const in
     const i64 from = (i64)t * width;
     const int mine = lane < K ? slot_rows[(i64)t * K + lane] : 0;
     if (width % 8 == 0 && K <= 32) {
-      // U vectors a lane in flight before their stores: one load's latency per U vectors
-      constexpr int U = 4;
-      const int vecs = width / 8;
       const uint4* s = (const uint4*)(src + from);
-      for (int c0 = 0; c0 < vecs; c0 += 32 * U) {  // warp-uniform trips: every lane shuffles
-        uint4 v[U];
-        #pragma unroll
-        for (int u = 0; u < U; ++u)
-          if (c0 + 32 * u + lane < vecs) v[u] = s[c0 + 32 * u + lane];
+      for (int c0 = 0; c0 < width / 8; c0 += 32) {  // warp-uniform trips: every lane shuffles
+        const int c = c0 + lane;
+        const bool ok = c < width / 8;
+        uint4 v;
+        if (ok) v = s[c];
         for (int k = 0; k < K; ++k) {
-          uint4* d = (uint4*)(dst + (i64)__shfl_sync(0xffffffffu, mine, k) * width);
-          #pragma unroll
-          for (int u = 0; u < U; ++u)
-            if (c0 + 32 * u + lane < vecs) d[c0 + 32 * u + lane] = v[u];
+          const i64 to = (i64)__shfl_sync(0xffffffffu, mine, k) * width;
+          if (ok) ((uint4*)(dst + to))[c] = v;
         }
       }
     } else {
