@@ -2,10 +2,10 @@
 per-expert wgrad (65536 rows, random routing and 512 each) as shipped (cooperative 128 x 256, bf16
 through shared memory and TMA stores), with register stores (C_TMA off, 3 or 4 stages) and on
 ping-pong 128 x 128 consumers, and in the static tile order or with claims (gemm.CONFIG_OVERRIDE
-and gemm()'s dynamic / pingpong; times only, the suite checks the bits). Session 15: 1291 /
-1925 / 1922 / 1483 us at random routing (base / register stores / 4 stages / ping-pong; the
-order variants not yet run). A tile spends ~1.6 of its ~7.6 us outside its main loop
-(bench/NOTES.md v0.15).
+and gemm()'s dynamic / pingpong; times only, the suite checks the bits). Session 16 (random
+routing): base 1285, static order 1286, claims 1357, register stores 1930, 4 stages 1924,
+ping-pong 1482 us. The epilogue is not the lever: without it the GEMM is no faster
+(bench/NOTES.md v0.16).
 Usage (device): PYTHONPATH=. python bench/k_grouped_variants.py"""
 import os
 import sys
