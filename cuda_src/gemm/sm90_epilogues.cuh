@@ -1,0 +1,410 @@
+// What leaves a Hopper GEMM tile: bf16 / fp32 stores from registers or through shared memory
+// and TMA, the fused SwiGLU backward (in the consumers, or staged for the epilogue warps), and
+// the sum of a cluster's split-K pieces.
+#pragma once
+#include "sm90_plan.cuh"
+
+namespace gemm {
+namespace sm90 {
+
+// Accumulator fragment of wgmma m64nN: warp w of the warpgroup owns rows 16w..16w+15; for each
+// 8-column block j, d[4j + 2h + e] is row 16w + lane / 4 + 8h, column 8j + 2 (lane % 4) + e.
+// row_off: the first of the block's 64 rows within the tile.
+template <class Cfg>
+__device__ __forceinline__ void store_tile_direct(const GemmParams& p, const Tile& tc,
+                                                  const float (&acc)[Cfg::BN / 2], int row_off, int warp, int lane) {
+  const i64 c_off = Cfg::GROUPING == kKGrouped || Cfg::SPLIT_K ? (i64)tc.group * p.c_group_stride : 0;
+  const int row0 = tc.m0 + row_off + 16 * warp + lane / 4;
+  const int col0 = tc.n0 + 2 * (lane % 4);
+  #pragma unroll
+  for (int j = 0; j < Cfg::BN / 8; ++j) {
+    const int col = col0 + 8 * j;
+    if (col >= p.n) continue;  // n is even on this path: col + 1 < n too
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row0 + 8 * h;
+      if (row >= tc.m_hi) continue;
+      const float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+      if constexpr (Cfg::ROW_SPLIT) {
+        if (row < p.c2_rows) {
+          *(float2*)((float*)p.c2 + (i64)row * p.ldc2 + col) = make_float2(v0, v1);
+          continue;
+        }
+      }
+      const i64 at = c_off + (i64)(Cfg::ROW_SPLIT ? row - p.c2_rows : row) * p.ldc + col;
+      if constexpr (Cfg::EPILOGUE == kStoreBf16) {
+        *(u32*)((bf16_t*)p.c + at) = pack_bf16x2(v0, v1);
+      } else if constexpr (Cfg::EPILOGUE == kStoreF32) {
+        *(float2*)((float*)p.c + at) = make_float2(v0, v1);
+      } else {
+        float2* dst = (float2*)((float*)p.c + at);
+        const float2 old = *dst;
+        *dst = make_float2(old.x + v0, old.y + v1);
+      }
+    }
+  }
+}
+
+// dg, du (packed bf16 pairs) of two adjacent elements from da' (d), gate and up (packed bf16
+// pairs) and the row's routing weight w; contract: SOL-080's rounding points, no weight. PACKED
+// (Cfg::PACKED_CONTRACT): the contract's products of two bf16 values as mul_bf16x2, the same
+// bits with fewer instructions (the epilogue's math competes with the MMAs for issue slots);
+// else element by element in fp32 (the A/B path).
+template <bool PACKED>
+__device__ __forceinline__ void swiglu_grad_pair(const float (&d)[2], u32 g2, u32 u2, float w, bool contract,
+                                                 u32& dg2, u32& du2) {
+  const float gv[2] = {bf16_to_f32(g2 & 0xffff), bf16_to_f32(g2 >> 16)};
+  float sg[2], dg[2], du[2];
+  #pragma unroll
+  for (int e = 0; e < 2; ++e) sg[e] = sigmoid_fast(gv[e]);
+  if (contract && PACKED) {  // sol080.md: d_act = bf16(.), then the contract on packed pairs
+    contract_swiglu_pair(pack_bf16x2(d[0], d[1]), gv, sg, u2, dg2, du2);
+    return;
+  }
+  const float uv[2] = {bf16_to_f32(u2 & 0xffff), bf16_to_f32(u2 >> 16)};
+  #pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    if (contract) {
+      const float da = round_bf16(d[e]);
+      dg[e] = round_bf16(da * uv[e]) * sg[e] * (1.f + gv[e] * (1.f - sg[e]));
+      du[e] = da * round_bf16(gv[e] * sg[e]);
+    } else {
+      const float da = w * d[e];
+      dg[e] = da * uv[e] * (sg[e] * (1.f + gv[e] * (1.f - sg[e])));
+      du[e] = da * (gv[e] * sg[e]);
+    }
+  }
+  dg2 = pack_bf16x2(dg[0], dg[1]);
+  du2 = pack_bf16x2(du[0], du[1]);
+}
+
+// A row's routing weight for the SwiGLU epilogue (1 outside the rows or without weights).
+__device__ __forceinline__ float swiglu_row_weight(const GemmParams& p, int row, int m_hi) {
+  return p.e_row_weight && row < m_hi ? p.e_row_weight[p.e_row_index ? p.e_row_index[row] : row] : 1.f;
+}
+
+// SwiGLU backward from the unweighted activation gradient da' (the accumulators, never stored):
+// da = w da'; dg = bf16(da u silu'(g)), du = bf16(da silu(g)); routed experts (e_aw set) also
+// get aw = bf16(w a) and one partial of <da', a> per (row, column tile), summed by the caller in a
+// fixed order. The same fp32 operations as cuda_src/swiglu.cu, or with e_contract those of
+// cuda_src/sol080.cu (SOL-080's rounding points). dg and du rows are e_ld_grad apart (or ldc).
+// Operands are read a batch of column blocks at a time, all loads before any store, so their
+// latencies overlap.
+template <class Cfg>
+__device__ __forceinline__ void swiglu_backward_tile(const GemmParams& p, const Tile& tc,
+                                                     const float (&acc)[Cfg::BN / 2], int row_off, int warp, int lane) {
+  // 8-column blocks per batch; a ping-pong warpgroup holds twice the accumulators (and the other
+  // warpgroup's MMAs hide its epilogue anyway), and so does a 256-wide tile.
+  constexpr int JB = Plan<Cfg>::PINGPONG || Cfg::BN == 256 ? 4 : 8;
+  const int row0 = tc.m0 + row_off + 16 * warp + lane / 4;
+  const int col0 = tc.n0 + 2 * (lane % 4);
+  const bool routed = p.e_aw != nullptr;
+  const i64 ld_grad = p.e_ld_grad ? p.e_ld_grad : p.ldc;  // dg and du's rows
+  float w[2], dot[2] = {0.f, 0.f};
+  #pragma unroll
+  for (int h = 0; h < 2; ++h) w[h] = swiglu_row_weight(p, row0 + 8 * h, tc.m_hi);
+  #pragma unroll
+  for (int jb = 0; jb < Cfg::BN / 8; jb += JB) {
+    u32 g2[JB][2], u2[JB][2], a2[JB][2];
+    #pragma unroll
+    for (int j = 0; j < JB; ++j)
+      #pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = row0 + 8 * h, col = col0 + 8 * (jb + j);
+        const bool ok = row < tc.m_hi && col < p.n;
+        const i64 at = (i64)row * p.ldc + col;
+        g2[j][h] = ok ? __ldg((const unsigned int*)((const bf16_t*)p.e_gate + at)) : 0u;
+        u2[j][h] = ok ? __ldg((const unsigned int*)((const bf16_t*)p.e_up + at)) : 0u;
+        a2[j][h] = ok && routed ? __ldg((const unsigned int*)((const bf16_t*)p.e_act + at)) : 0u;
+      }
+    #pragma unroll
+    for (int j = 0; j < JB; ++j)
+      #pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = row0 + 8 * h, col = col0 + 8 * (jb + j);
+        if (row >= tc.m_hi || col >= p.n) continue;
+        const i64 at = (i64)row * p.ldc + col, at_grad = (i64)row * ld_grad + col;
+        const float d[2] = {acc[4 * (jb + j) + 2 * h], acc[4 * (jb + j) + 2 * h + 1]};
+        u32 dg2, du2;
+        swiglu_grad_pair<Cfg::PACKED_CONTRACT>(d, g2[j][h], u2[j][h], w[h], p.e_contract, dg2, du2);
+        *(u32*)((bf16_t*)p.e_dg + at_grad) = dg2;
+        *(u32*)((bf16_t*)p.e_du + at_grad) = du2;
+        if (routed) {
+          const float a0 = bf16_to_f32(a2[j][h] & 0xffff), a1 = bf16_to_f32(a2[j][h] >> 16);
+          *(u32*)((bf16_t*)p.e_aw + at) = pack_bf16x2(w[h] * a0, w[h] * a1);
+          dot[h] += d[0] * a0 + d[1] * a1;
+        }
+      }
+  }
+  if (!p.e_row_partial) return;
+  #pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    dot[h] += __shfl_xor_sync(0xffffffffu, dot[h], 1);
+    dot[h] += __shfl_xor_sync(0xffffffffu, dot[h], 2);
+    const int row = row0 + 8 * h;
+    if (lane % 4 == 0 && row < tc.m_hi) p.e_row_partial[(i64)row * p.e_partial_ld + tc.n0 / Cfg::BN] = dot[h];
+  }
+}
+
+// Staged SwiGLU epilogue. The buffer holds a tile's da' as fp32 rows of BN = 128 (512 bytes),
+// 16-byte chunk c of row r at chunk c ^ (2 (r % 4)): the consumers' float2 writes (4 rows x 2
+// chunks per half-warp) and the epilogue warps' row reads are free of bank conflicts.
+__device__ __forceinline__ int dacc_offset(int r, int chunk) {
+  return r * 512 + ((chunk ^ (2 * (r % 4))) << 4);
+}
+
+// A consumer warpgroup's accumulators (its 64 rows) into the buffer.
+template <class Cfg>
+__device__ __forceinline__ void stage_accumulators(const float (&acc)[Cfg::BN / 2], u8* dacc, int wg, int tid) {
+  const int warp = tid / 32, lane = tid % 32;
+  #pragma unroll
+  for (int j = 0; j < Cfg::BN / 8; ++j)
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = 64 * wg + 16 * warp + lane / 4 + 8 * h, col = 8 * j + 2 * (lane % 4);
+      *(float2*)(dacc + dacc_offset(r, col / 4) + 4 * (col % 4)) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+    }
+}
+
+// The epilogue warps (ew = 0 .. E_WARPS - 1): for every tile of the CTA, once the consumers have
+// staged its da', rows ew * R, ew * R + E_WARPS * R, ... (R at a time), one row per warp, 4
+// columns per lane: dg, du (and aw = bf16(w a), one partial of <da', a> per row and tile) from
+// gate, up (and act), 8-byte loads and stores, coalesced along the row. Then the buffer is
+// handed back. Columns past n and rows past the tile's group are neither read nor written.
+// The operands of the next R rows load while the current ones are computed, and a tile's first
+// rows before its da' is staged (they do not depend on it). What these warps still cost the main
+// loop is mostly their math's issue slots (SOL-080 d_act at T = 8192: 183 us, 145 without the
+// work, 163 without the math; bench/NOTES.md v0.7).
+template <class Cfg>
+struct EpilogueRows {
+  static constexpr int R = 4;  // rows per batch; two batches in flight per warp
+  uint2 g2[R], u2[R], a2[R];
+  float w[R];
+
+  __device__ __forceinline__ void load(const GemmParams& p, const Tile& tc, int r0, int rows, int col) {
+    const bool routed = p.e_aw != nullptr, col_ok = col < p.n;
+    const bf16_t *gate = (const bf16_t*)p.e_gate, *up = (const bf16_t*)p.e_up, *act = (const bf16_t*)p.e_act;
+    #pragma unroll
+    for (int q = 0; q < R; ++q) {
+      const int r = r0 + q, row = tc.m0 + r;
+      const bool ok = r < rows && col_ok;
+      const i64 at = (i64)row * p.ldc + col;
+      g2[q] = ok ? __ldg((const uint2*)(gate + at)) : make_uint2(0, 0);
+      u2[q] = ok ? __ldg((const uint2*)(up + at)) : make_uint2(0, 0);
+      a2[q] = ok && routed ? __ldg((const uint2*)(act + at)) : make_uint2(0, 0);
+      w[q] = r < rows ? swiglu_row_weight(p, row, tc.m_hi) : 1.f;
+    }
+  }
+
+  __device__ __forceinline__ void finish(const GemmParams& p, const Tile& tc, const u8* dacc, int r0, int rows,
+                                         int col, int lane) const {
+    const bool routed = p.e_aw != nullptr, contract = p.e_contract != 0, col_ok = col < p.n;
+    const i64 ld_grad = p.e_ld_grad ? p.e_ld_grad : p.ldc;
+    #pragma unroll
+    for (int q = 0; q < R; ++q) {
+      const int r = r0 + q, row = tc.m0 + r;
+      if (r >= rows) break;  // the same for the whole warp
+      const float4 d = *(const float4*)(dacc + dacc_offset(r, lane));
+      const float lo[2] = {d.x, d.y}, hi[2] = {d.z, d.w};
+      uint2 dg, du;
+      swiglu_grad_pair<Cfg::PACKED_CONTRACT>(lo, g2[q].x, u2[q].x, w[q], contract, dg.x, du.x);
+      swiglu_grad_pair<Cfg::PACKED_CONTRACT>(hi, g2[q].y, u2[q].y, w[q], contract, dg.y, du.y);
+      const i64 at = (i64)row * p.ldc + col, at_grad = (i64)row * ld_grad + col;
+      if (col_ok) {
+        *(uint2*)((bf16_t*)p.e_dg + at_grad) = dg;
+        *(uint2*)((bf16_t*)p.e_du + at_grad) = du;
+      }
+      if (routed) {  // act is zero past n: no term in the dot
+        const float a[4] = {bf16_to_f32(a2[q].x & 0xffff), bf16_to_f32(a2[q].x >> 16),
+                            bf16_to_f32(a2[q].y & 0xffff), bf16_to_f32(a2[q].y >> 16)};
+        if (col_ok)
+          *(uint2*)((bf16_t*)p.e_aw + at) = make_uint2(pack_bf16x2(w[q] * a[0], w[q] * a[1]),
+                                                       pack_bf16x2(w[q] * a[2], w[q] * a[3]));
+        float dot = (d.x * a[0] + d.y * a[1]) + (d.z * a[2] + d.w * a[3]);
+        #pragma unroll
+        for (int s = 16; s > 0; s >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, s);
+        if (lane == 0 && p.e_row_partial) p.e_row_partial[(i64)row * p.e_partial_ld + tc.n0 / Cfg::BN] = dot;
+      }
+    }
+  }
+};
+
+template <class Cfg>
+__device__ __forceinline__ void swiglu_epilogue_warps(const GemmSm90Params& P,
+                                                      const Scheduler<Cfg>& sched, const Feed<Cfg>& feed,
+                                                      const u8* dacc, u64* epi_bar, int ew, int lane) {
+  using L = Plan<Cfg>;
+  using Rows = EpilogueRows<Cfg>;
+  constexpr int STEP = L::E_WARPS * Rows::R;
+  const GemmParams& p = P.base;
+  for (int j = 0;; ++j) {
+    const int t = feed.read(j, lane);
+    if (t >= sched.total) break;
+    const Tile tc = sched.tile(t);
+    const int rows = min(BM, tc.m_hi - tc.m0), col = tc.n0 + 4 * lane;
+    Rows cur, next;
+    cur.load(p, tc, ew * Rows::R, rows, col);  // before da' is staged: they do not depend on it
+    mbar_wait(&epi_bar[0], j & 1);
+    for (int r0 = ew * Rows::R; r0 < rows; r0 += STEP) {
+      if (r0 + STEP < rows) next.load(p, tc, r0 + STEP, rows, col);
+      cur.finish(p, tc, dacc, r0, rows, col, lane);
+      cur = next;
+    }
+    mbar_arrive(&epi_bar[1]);  // this thread's reads of the buffer are done
+  }
+}
+
+// One row's 4 columns (col .. col + 3, a lane's share) of a cluster-summed split-K tile: stored
+// as bf16 or fp32, or turned into the SwiGLU backward's dg, du (no routed-expert outputs: aw and
+// the row partials need the whole row in one CTA). n is even: col + 2 < n says whether the
+// second pair is real.
+template <class Cfg>
+__device__ __forceinline__ void split_cluster_row(const GemmParams& p, int row, int m_hi, int col, float4 d) {
+  if (col >= p.n) return;
+  const bool pair2 = col + 2 < p.n;
+  const i64 at = (i64)row * p.ldc + col;
+  if constexpr (Cfg::EPILOGUE == kStoreBf16) {
+    u32* dst = (u32*)((bf16_t*)p.c + at);
+    dst[0] = pack_bf16x2(d.x, d.y);
+    if (pair2) dst[1] = pack_bf16x2(d.z, d.w);
+  } else if constexpr (Cfg::EPILOGUE == kStoreF32) {
+    float2* dst = (float2*)((float*)p.c + at);
+    dst[0] = make_float2(d.x, d.y);
+    if (pair2) dst[1] = make_float2(d.z, d.w);
+  } else if constexpr (Cfg::EPILOGUE == kSwigluBackward) {
+    const u32* gate = (const u32*)((const bf16_t*)p.e_gate + at);
+    const u32* up = (const u32*)((const bf16_t*)p.e_up + at);
+    const u32 g2[2] = {__ldg(gate), pair2 ? __ldg(gate + 1) : 0u};
+    const u32 u2[2] = {__ldg(up), pair2 ? __ldg(up + 1) : 0u};
+    const float w = swiglu_row_weight(p, row, m_hi);
+    const float lo[2] = {d.x, d.y}, hi[2] = {d.z, d.w};
+    u32 dg[2], du[2];
+    swiglu_grad_pair<Cfg::PACKED_CONTRACT>(lo, g2[0], u2[0], w, p.e_contract != 0, dg[0], du[0]);
+    swiglu_grad_pair<Cfg::PACKED_CONTRACT>(hi, g2[1], u2[1], w, p.e_contract != 0, dg[1], du[1]);
+    const i64 at_grad = (i64)row * (p.e_ld_grad ? p.e_ld_grad : p.ldc) + col;
+    u32* dgp = (u32*)((bf16_t*)p.e_dg + at_grad);
+    u32* dup = (u32*)((bf16_t*)p.e_du + at_grad);
+    dgp[0] = dg[0];
+    dup[0] = du[0];
+    if (pair2) {
+      dgp[1] = dg[1];
+      dup[1] = du[1];
+    }
+  }
+}
+
+// Cluster split-K (Cfg::SPLIT_CLUSTER): the sum of the tile's pieces, in piece order, and the
+// epilogue on it. Each CTA of the cluster has staged its piece's fp32 accumulators in its own
+// shared memory (the dacc layout, over the idle stages); CTA rank q takes rows q, q + S, q + 2 S,
+// ... of the tile, its 8 consumer warps a row at a time, a lane 4 columns, reading every piece's
+// row from its CTA over DSMEM (four loads in flight, then their adds in piece order: the same
+// bits whichever CTA sums a row). Run by the consumer warps (warp 0 .. 7); every thread of the
+// CTA takes part in both cluster barriers (the producer warpgroup on its own path, kernel_body):
+// the first makes the pieces visible, the second keeps each CTA's shared memory until its peers
+// have read it.
+template <class Cfg>
+__device__ __forceinline__ void split_cluster_epilogue(const GemmSm90Params& P, const Scheduler<Cfg>& sched,
+                                                       u8* smem, int warp, int lane) {
+  constexpr int MAX_PIECES = 8, IN_FLIGHT = 4;
+  const GemmParams& p = P.base;
+  __syncwarp();
+  cluster_sync();
+  if ((int)blockIdx.x < sched.total) {
+    const int pieces = (int)cluster_size(), rank = (int)cluster_rank();
+    const Tile tc = sched.tile(blockIdx.x);
+    // K-grouped: rows m0 and m0 + m / 2 land on the same output row (the two halves add up).
+    const int out_m0 = Cfg::GROUPING == kKGrouped ? tc.m0 % (p.m / 2) : tc.m0;
+    const int rows = Cfg::GROUPING == kKGrouped ? min(BM, p.m / 2 - out_m0) : min(BM, tc.m_hi - tc.m0);
+    const u32 base = smem_addr(smem);
+    for (int r = rank + pieces * warp; r < rows; r += pieces * 8) {
+      const u32 at = base + dacc_offset(r, lane);
+      float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+      #pragma unroll
+      for (int q0 = 0; q0 < MAX_PIECES; q0 += IN_FLIGHT) {  // IN_FLIGHT loads, then their adds
+        if (q0 >= pieces) break;
+        float4 v[IN_FLIGHT];
+        #pragma unroll
+        for (int q = 0; q < IN_FLIGHT; ++q)
+          if (q0 + q < pieces) v[q] = ld_peer_f4(peer_smem_addr(at, q0 + q));
+        #pragma unroll
+        for (int q = 0; q < IN_FLIGHT; ++q)
+          if (q0 + q < pieces) {
+            if (q0 + q == 0) {
+              sum = v[0];  // not 0 + v: the same bits as a sum that starts from piece 0
+            } else {
+              sum.x += v[q].x;
+              sum.y += v[q].y;
+              sum.z += v[q].z;
+              sum.w += v[q].w;
+            }
+          }
+      }
+      split_cluster_row<Cfg>(p, out_m0 + r, tc.m_hi, tc.n0 + 4 * lane, sum);
+    }
+  }
+  __syncwarp();
+  cluster_sync();
+}
+
+// bf16 rows of one warpgroup (its 64-row blocks) through its shared-memory staging buffer
+// (64 x 64 sub-tiles, 128-byte swizzled: conflict-free writes) and TMA stores, which clip at the
+// tensor's edges. The store runs while the warpgroup goes on with its next tile; the staging
+// buffer is reused only after the previous store has read it. row_off: the first block's row.
+template <class Cfg>
+__device__ __forceinline__ void store_tile_tma(const GemmSm90Params& P, const Tile& tc,
+                                               const float (&acc)[Plan<Cfg>::HALVES][Cfg::BN / 2],
+                                               u8* staging, int row_off, int wg, int tid) {
+  constexpr int HV = Plan<Cfg>::HALVES, ATOMS = Cfg::BN / 64;
+  const int warp = tid / 32, lane = tid % 32;
+  if (tid == 0) bulk_wait_read();
+  named_barrier(2 + wg, 128);
+  #pragma unroll
+  for (int b = 0; b < HV; ++b) {
+    if constexpr (Cfg::C_TRANS) {
+      // C^T: sub-tile a holds columns 64 a .. 64 a + 63 as its 64 rows of 128 bytes (this block's
+      // 64 result rows, 16-byte chunk c of row h at c ^ (h % 8)), written by stmatrix.trans: two
+      // column blocks of 8 x the warp's two 8-row halves per instruction. Lane L gives the address
+      // of column 8 (j + L / 16) + L % 8, rows 16 warp + 8 (L / 8 % 2) ...
+      const int q = lane / 8, hq = lane % 8;
+      #pragma unroll
+      for (int j = 0; j < Cfg::BN / 8; j += 2) {
+        const int col = 8 * (j + q / 2) + hq, chunk = 2 * warp + q % 2;
+        const u32 dst = smem_addr(staging + (b * ATOMS + col / 64) * (64 * 128) + (col % 64) * 128 +
+                                  ((chunk ^ (col % 8)) << 4));
+        stmatrix_x4_trans(dst, pack_bf16x2(acc[b][4 * j], acc[b][4 * j + 1]),
+                          pack_bf16x2(acc[b][4 * j + 2], acc[b][4 * j + 3]),
+                          pack_bf16x2(acc[b][4 * j + 4], acc[b][4 * j + 5]),
+                          pack_bf16x2(acc[b][4 * j + 6], acc[b][4 * j + 7]));
+      }
+      continue;
+    }
+    #pragma unroll
+    for (int j = 0; j < Cfg::BN / 8; ++j) {
+      #pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = 16 * warp + lane / 4 + 8 * h;
+        u8* dst = staging + (b * ATOMS + j / 8) * (64 * 128) + r * 128 + (((j % 8) ^ (r % 8)) << 4) + 4 * (lane % 4);
+        *(u32*)dst = pack_bf16x2(acc[b][4 * j + 2 * h], acc[b][4 * j + 2 * h + 1]);
+      }
+    }
+  }
+  fence_proxy_async();
+  named_barrier(2 + wg, 128);
+  if (tid == 0) {
+    const int group = Cfg::GROUPING == kKGrouped ? tc.group : 0;
+    #pragma unroll
+    for (int b = 0; b < HV; ++b)
+      #pragma unroll
+      for (int a = 0; a < ATOMS; ++a) {
+        const int row = tc.m0 + row_off + 64 * b - (Cfg::ROW_SPLIT ? P.base.c2_rows : 0), col = tc.n0 + 64 * a;
+        if constexpr (Cfg::C_TRANS)  // the map is C^T's: (result rows, result columns) = (its columns, rows)
+          tma_store_3d(&P.tma_c, staging + (b * ATOMS + a) * (64 * 128), row, col, group);
+        else
+          tma_store_3d(&P.tma_c, staging + (b * ATOMS + a) * (64 * 128), col, row, group);
+      }
+    bulk_commit();
+  }
+}
+
+}  // namespace sm90
+}  // namespace gemm

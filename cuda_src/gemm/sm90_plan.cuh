@@ -1,0 +1,114 @@
+// The Hopper GEMM's plan per Cfg: tile and block shape, shared-memory layout, register split,
+// and the compile-time checks of what combines with what (mainloop_wgmma.cuh has the design).
+#pragma once
+#include "../common/swiglu_contract.cuh"
+#include "wgmma_ops.cuh"
+#include "scheduler.cuh"
+#include "tile_feed.cuh"
+
+namespace gemm {
+namespace sm90 {
+
+constexpr int BM = 128, BK = 64;
+constexpr int PRODUCER_THREADS = 128, CONSUMER_WARPGROUPS = 2;
+// The producer and consumer warpgroups; a staged SwiGLU epilogue adds one (Plan::THREADS).
+constexpr int MAIN_THREADS = PRODUCER_THREADS * (1 + CONSUMER_WARPGROUPS);
+constexpr int ATOM_BYTES = BK * 128;  // one 64-wide MN atom of an MN-major tile
+
+template <class Cfg>
+struct Plan {
+  static constexpr bool CPA_A = Cfg::GATHER_A, CPA_B = Cfg::GATHER_B;
+  static constexpr bool CPA = CPA_A || CPA_B;
+  static constexpr bool MASK_A = Cfg::GROUPING == kKGrouped && !CPA_A;
+  static constexpr bool MASK_B = Cfg::GROUPING == kKGrouped && !CPA_B;
+  // K-grouped, a group's last k-tile short of BK lines (of at least BK in all): its loads end at
+  // the group's end instead, and the lines the tile before already counted are zeroed in A alone
+  // (mask_lines): both operands hold the group's own lines, so one zero operand suffices, where
+  // lines past the end (the next group's) had to be zeroed in both (a non-finite B line of the
+  // group makes its result non-finite either way). A third of the stores for 128 x 256 tiles:
+  // the layer's [1408 x 4096] per-expert weight gradient at random routing 1460 -> 1298 us
+  // (64-aligned groups: 1217; bench/k_grouped_align.py, bench/NOTES.md v0.14).
+  static constexpr bool SHIFT_LAST = MASK_A;
+  static constexpr bool TMA_STORE = Cfg::C_TMA;  // bf16 output with 16-byte aligned strides
+  static constexpr int A_BYTES = BM * BK * 2, B_BYTES = Cfg::BN * BK * 2;
+  static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+  static constexpr u32 TMA_BYTES = (CPA_A ? 0 : A_BYTES) + (CPA_B ? 0 : B_BYTES);
+  static constexpr bool PINGPONG = Cfg::PINGPONG;
+  static constexpr int HALVES = PINGPONG ? 2 : 1;     // 64-row accumulator blocks per warpgroup
+  static constexpr int WG_ROWS = 64 * HALVES;
+  static constexpr int STAGING = Cfg::STAGES * STAGE_BYTES;        // per consumer warpgroup:
+  static constexpr int STAGING_BYTES = TMA_STORE ? WG_ROWS * Cfg::BN * 2 : 0;  // its rows in bf16
+  // SwiGLU backward with E_STAGED: the consumers leave each tile's fp32 accumulators (da') in
+  // this buffer and go on with the next tile; E_WARPS epilogue warps (the producer warpgroup's
+  // spare warps 1..3 and a fourth warpgroup) turn them into dg, du (and aw, dw) meanwhile,
+  // reading gate, up (and act) from global memory. (Their cost to the main loop is mostly their
+  // math's issue slots, not their loads' latency: bench/NOTES.md v0.7.)
+  static constexpr bool E_STAGED = Cfg::E_STAGED;
+  static constexpr int E_WARPS = E_STAGED ? 3 + 4 : 0;
+  static constexpr int THREADS = MAIN_THREADS + (E_STAGED ? 128 : 0);
+  static constexpr int DACC = STAGING + CONSUMER_WARPGROUPS * STAGING_BYTES;  // see dacc_offset
+  static constexpr int DACC_BYTES = E_STAGED ? BM * Cfg::BN * 4 : 0;
+  static constexpr int BARRIERS = DACC + DACC_BYTES;                // full, empty
+  static constexpr int TURNS = BARRIERS + 2 * Cfg::STAGES * 8;     // ping-pong: whose MMAs next
+  static constexpr int EPI_BARRIERS = TURNS + 2 * 8;                // da' staged, buffer free
+  static constexpr int FEED = EPI_BARRIERS + (E_STAGED ? 2 * 8 : 0);      // TileFeed
+  static constexpr int SCHEDULE = FEED + TileFeed<true>::BYTES;           // TileScheduler::tile_start
+  static constexpr int FULL_ARRIVALS = 1 + (CPA ? PRODUCER_THREADS : 0);
+  static constexpr int CPA_LAG = Cfg::STAGES - 2;  // cp.async stages in flight past the newest
+  // Lane 0 of each warp that reads a stage: both consumer warpgroups', or its owner's.
+  static constexpr int EMPTY_ARRIVALS = (PINGPONG ? 1 : CONSUMER_WARPGROUPS) * 4;
+  // Warps that read every tile index from the feed: the consumers (both warpgroups, ping-pong
+  // too: the other's tiles pass by) and the epilogue warps. (A cp.async producer's threads get
+  // thread 0's through TileFeed::to_producer.)
+  static constexpr int FEED_READERS = CONSUMER_WARPGROUPS * 4 + E_WARPS;
+  // Register split: the producer needs few, each consumer thread holds BN / 2 accumulators.
+  // (With the epilogue warpgroup, 512 threads share the file evenly: 128 each, no reallocation.)
+  // (The CTA's registers are fixed at launch, 168 x 384: what the producer gives back, 112 x 128,
+  // is exactly what the consumers take, 56 x 256. A producer at 64 leaves them waiting forever.)
+  static constexpr int PRODUCER_REGS = 56, CONSUMER_REGS = 224;
+  static_assert(Cfg::BN == 64 || Cfg::BN == 128 || Cfg::BN == 256, "BN");
+  static_assert(!PINGPONG || Cfg::BN <= 128, "a ping-pong warpgroup holds 128 x BN accumulators");
+  static_assert(MAX_SEGMENTS >= 1, "segments");
+  static_assert(!Cfg::C_TMA || Cfg::EPILOGUE == kStoreBf16, "TMA stores carry bf16 results");
+  static_assert(!Cfg::C_TRANS || (Cfg::C_TMA && Cfg::GROUPING != kMGrouped && !Cfg::ROW_SPLIT),
+                "a transposed result leaves by TMA stores only (every tile whole)");
+  static_assert(Cfg::EPILOGUE != kSwigluBackward || Cfg::GROUPING != kKGrouped, "row epilogue");
+  static_assert(PRODUCER_REGS * PRODUCER_THREADS + CONSUMER_REGS * 128 * CONSUMER_WARPGROUPS <= 65536, "regs");
+  // setmaxnreg moves registers within the CTA's launch allocation (168 each at 384 threads):
+  // what the producer gives back must cover what the consumers take, or they wait forever.
+  static constexpr int LAUNCH_REGS = (65536 / MAIN_THREADS) & ~7;
+  static_assert((LAUNCH_REGS - PRODUCER_REGS) * PRODUCER_THREADS >=
+                (CONSUMER_REGS - LAUNCH_REGS) * 128 * CONSUMER_WARPGROUPS, "setmaxnreg: consumers would wait");
+  static_assert(Cfg::GROUPING != kMGrouped || Cfg::A_KMAJOR, "M-grouped GEMMs take a K-major A");
+  static_assert(!Cfg::SPLIT_K || (Cfg::GROUPING == kNone && (Cfg::EPILOGUE == kStoreF32 || Cfg::SPLIT_CLUSTER)),
+                "split-K: fp32 pieces of an ungrouped GEMM, or summed in their cluster");
+  // SPLIT_CLUSTER: the S pieces of a tile are a cluster of S CTAs, one tile each; each leaves its
+  // fp32 accumulators in its shared memory (over the idle stages) and the cluster sums them over
+  // DSMEM, in piece order, a row at a time, before the epilogue (split_cluster_epilogue).
+  static_assert(!Cfg::SPLIT_CLUSTER || ((Cfg::SPLIT_K || Cfg::GROUPING == kKGrouped) && Cfg::BN == 128 &&
+                                        !PINGPONG && !Cfg::C_TMA &&
+                                        !E_STAGED && Cfg::EPILOGUE != kAccumulateF32 &&
+                                        Cfg::STAGES * STAGE_BYTES >= BM * 128 * 4),
+                "cluster split-K: cooperative 128 x 128 tiles, register epilogues");
+  static_assert(!Cfg::DYNAMIC || !Cfg::SPLIT_CLUSTER, "a cluster's CTAs take their rank's tile");
+  // ROW_SPLIT: rows [0, c2_rows) of the result leave as fp32 to c2, the rest as bf16 to c (from
+  // its row 0); tiles that reach into the fp32 rows store from registers.
+  static_assert(!Cfg::ROW_SPLIT || (Cfg::EPILOGUE == kStoreBf16 && Cfg::GROUPING == kNone && !Cfg::SPLIT_K),
+                "row split: a bf16 result of an ungrouped, unsplit GEMM");
+  static_assert(Cfg::GROUPING != kKGrouped || (!Cfg::A_KMAJOR && !Cfg::B_KMAJOR),
+                "K-grouped GEMMs reduce over memory lines: both operands MN-major");
+  static_assert(!E_STAGED || (Cfg::EPILOGUE == kSwigluBackward && !PINGPONG && !Cfg::C_TMA && !CPA &&
+                               Cfg::BN == 128), "staged SwiGLU epilogue: cooperative 128 x 128, TMA loads");
+  static_assert(THREADS == HOST_THREADS, "Sm90Config.threads (cupy_moe/gpu/gemm.py) disagrees with this block");
+  static_assert(SCHEDULE == HOST_TABLE_OFFSET,
+                "Sm90Config.smem_bytes (cupy_moe/gpu/gemm.py) disagrees with this layout");
+};
+
+template <class Cfg>
+using Scheduler = TileScheduler<BM, Cfg::BN, Cfg::GROUPING, Cfg::SPLIT_K, Cfg::SPLIT_CLUSTER, BK, Cfg::SEG_ROWS,
+                                Cfg::M_FASTEST>;
+template <class Cfg>
+using Feed = TileFeed<Cfg::DYNAMIC>;
+
+}  // namespace sm90
+}  // namespace gemm
