@@ -5,7 +5,8 @@ ping-pong 128 x 128 consumers, and in the static tile order or with claims (gemm
 and gemm()'s dynamic / pingpong; times only, the suite checks the bits). Session 16 (random
 routing): base 1285, static order 1286, claims 1357, register stores 1930, 4 stages 1924,
 ping-pong 1482 us. The epilogue is not the lever: without it the GEMM is no faster
-(bench/NOTES.md v0.16).
+(bench/NOTES.md v0.16). "2 stages" and "cooperative 128, 5 st." (not yet run) ask whether
+the loads in flight bound it: 96 KB and 160 KB a CTA against the shipped 144 KB.
 Usage (device): PYTHONPATH=. python bench/k_grouped_variants.py"""
 import os
 import sys
@@ -33,7 +34,10 @@ def main():
     variants = (("base", {}, {}), ("static order", {}, dict(dynamic=False)),
                 ("claims", {}, dict(dynamic=True)), ("C_TMA off", dict(C_TMA=False), {}),
                 ("C_TMA off, 4 stages", dict(C_TMA=False, STAGES=4), {}),
-                ("pingpong 128", {}, dict(pingpong=True)))
+                ("pingpong 128", {}, dict(pingpong=True)),
+                # The stage count's pull (is the wgrad bound by loads in flight? NOTES v0.16):
+                ("2 stages", dict(STAGES=2), {}),
+                ("cooperative 128, 5 st.", dict(BN=128, STAGES=5), dict(pingpong=False)))
     for label, over, kw in variants:
         G.CONFIG_OVERRIDE = over
         for name, sizes in cases:
