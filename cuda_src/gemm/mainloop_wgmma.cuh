@@ -28,6 +28,7 @@
 #include "sm90_plan.cuh"
 #include "sm90_loads.cuh"
 #include "sm90_epilogues.cuh"
+#include "wgmma_ops.cuh"
 
 namespace gemm {
 

@@ -2,6 +2,7 @@
 // and TMA, the fused SwiGLU backward (in the consumers, or staged for the epilogue warps), and
 // the sum of a cluster's split-K pieces.
 #pragma once
+#include "../common/swiglu_contract.cuh"
 #include "sm90_plan.cuh"
 
 namespace gemm {

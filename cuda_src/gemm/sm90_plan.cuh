@@ -1,8 +1,6 @@
 // The Hopper GEMM's plan per Cfg: tile and block shape, shared-memory layout, register split,
 // and the compile-time checks of what combines with what (mainloop_wgmma.cuh has the design).
 #pragma once
-#include "../common/swiglu_contract.cuh"
-#include "wgmma_ops.cuh"
 #include "scheduler.cuh"
 #include "tile_feed.cuh"
 
