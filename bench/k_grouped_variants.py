@@ -6,8 +6,9 @@ and gemm()'s dynamic / pingpong; times only, the suite checks the bits). Session
 routing): base 1285, static order 1286, claims 1357, register stores 1930, 4 stages 1924,
 ping-pong 1482 us. The epilogue is not the lever: without it the GEMM is no faster
 (bench/NOTES.md v0.16). "2 stages" and "cooperative 128, 5 st." (not yet run) ask whether
-the loads in flight bound it: 96 KB and 160 KB a CTA against the shipped 144 KB.
-Usage (device): PYTHONPATH=. python bench/k_grouped_variants.py"""
+the loads in flight bound it: 96 KB and 160 KB a CTA against the shipped 144 KB (session 17:
+1589-1708 and 1455-1619 us: no).
+Usage (device): PYTHONPATH=. python bench/k_grouped_variants.py [variant label ...]"""
 import os
 import sys
 
@@ -38,6 +39,8 @@ def main():
                 # The stage count's pull (is the wgrad bound by loads in flight? NOTES v0.16):
                 ("2 stages", dict(STAGES=2), {}),
                 ("cooperative 128, 5 st.", dict(BN=128, STAGES=5), dict(pingpong=False)))
+    only = sys.argv[1:]
+    variants = [v for v in variants if not only or v[0] in only]
     for label, over, kw in variants:
         G.CONFIG_OVERRIDE = over
         for name, sizes in cases:

@@ -167,6 +167,10 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
     const bool idle = Cfg::GROUPING != kKGrouped && !L::PINGPONG && tc.m0 + 64 * wg >= tc.m_hi;
     TRACE_TILE_BEGIN();
     int prev = -1;
+    // K-grouped: the k-tile's rank within its segment's run over the group's lines (a counter:
+    // a runtime modulo here was ~4% of the wgrad's stall samples, ahead of every k-step's MMAs).
+    const int seg_tiles = (tc.k_hi - tc.k_lo + BK - 1) / BK;
+    int kin = 0;
     for (int kt = 0; kt < nk; ++kt) {
       mbar_wait(&full[stage], phase);
       if (idle) {
@@ -175,8 +179,8 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
         continue;
       }
       if constexpr (L::MASK_A || L::MASK_B) {
-        const int seg_tiles = (tc.k_hi - tc.k_lo + BK - 1) / BK;
-        const int valid = tc.k_hi - tc.k_lo - (kt % seg_tiles) * BK;
+        const int valid = tc.k_hi - tc.k_lo - kin * BK;
+        if (++kin == seg_tiles) kin = 0;
         if (valid < BK) {
           // Loaded shifted to the group's end (the producer's shift_last): the tile before's
           // lines [0, BK - valid) in A; else the next group's [valid, BK) in both operands.
