@@ -4,7 +4,8 @@
 # then the instructions with the most samples and their reasons. Its tensor pipes idle a third
 # of the time with neither L2 nor DRAM saturated, and without its epilogue it is no faster
 # (bench/NOTES.md v0.16): this says which instruction the time sits on.
-# Usage (device, ~1 min): bash bench/ncu_k_grouped.sh; logs under ${OUT:-/tmp}
+# Usage (device, ~1 min): bash bench/ncu_k_grouped.sh [k|m] (m: the routed dgrad, M-grouped, instead);
+# logs under ${OUT:-/tmp}
 cd "$(dirname "$0")/.."
 export PYTHONPATH=. CUPY_MOE_CACHE_DIR=${CUPY_MOE_CACHE_DIR:-/tmp/cupy_moe_cache}
 out=${OUT:-/tmp}
@@ -17,14 +18,22 @@ offs = cp.asarray(np.concatenate([[0], np.cumsum(rng.multinomial(rows, np.full(E
 A, B = (cp.random.standard_normal(s, dtype=cp.float32).astype(bfloat16) for s in ((rows, m), (rows, n)))
 C = cp.empty((E, m, n), bfloat16)
 for _ in range(int(sys.argv[1])):
-    gemm(m=m, n=n, segments=[Segment(A, m, B, n, k=rows)], a_kmajor=False, b_kmajor=False, out=C,
-         ldc=n, c_group_stride=m * n, grouping='k', group_offsets=offs, num_groups=E)
+    if sys.argv[2] == 'k':
+        gemm(m=m, n=n, segments=[Segment(A, m, B, n, k=rows)], a_kmajor=False, b_kmajor=False, out=C,
+             ldc=n, c_group_stride=m * n, grouping='k', group_offsets=offs, num_groups=E)
+    else:  # the routed dgrad [dg | du] @ [Wg; Wu] per expert, M-grouped 128 x 256
+        if _ == 0:
+            W = cp.random.standard_normal((E, m, n), dtype=cp.float32).astype(bfloat16)
+            X = cp.empty((rows, n), bfloat16)
+        gemm(m=rows, n=n, segments=[Segment(A, m, W, n, k=m, b_group_stride=m * n)] * 2, a_kmajor=True,
+             b_kmajor=False, out=X, ldc=n, grouping='m', group_offsets=offs, num_groups=E)
 cp.cuda.Device().synchronize()"
-python3 -c "$one_launch" 1  # compile outside the profiler
+case=${1:-k}  # k: the K-grouped wgrad; m: the M-grouped routed dgrad
+python3 -c "$one_launch" 1 $case  # compile outside the profiler
 rm -f "$out/k_grouped.ncu-rep"
 timeout ${NCU_TIMEOUT:-150} ncu --clock-control none --kernel-name gemm_sm90_kernel --launch-skip 1 \
   --launch-count 1 --section WarpStateStats --section SourceCounters --section SchedulerStats \
-  -o "$out/k_grouped" python3 -c "$one_launch" 2 > "$out/ncu_k_grouped.txt" 2>&1
+  -o "$out/k_grouped" python3 -c "$one_launch" 2 $case > "$out/ncu_k_grouped.txt" 2>&1
 ncu -i "$out/k_grouped.ncu-rep" --section WarpStateStats --section SchedulerStats --section SourceCounters \
   2>&1 | grep -vE "^ *$|----" | tail -n 60
 ncu -i "$out/k_grouped.ncu-rep" --page source --csv --print-source sass > "$out/k_grouped_sass.csv" 2>&1
