@@ -48,6 +48,8 @@ def collect_tiles():
 
 
 EPILOGUE = 0x80000000  # trace.cuh kTraceEpilogue: a tile's epilogue record
+FIRST_WAIT = 0x40000000  # kTraceFirstWait: main loop's start -> its first stage's data
+DRAIN = 0x20000000  # kTraceDrain: last MMAs issued -> complete
 
 
 def _after_epilogues(main, epi):
@@ -66,16 +68,19 @@ def _after_epilogues(main, epi):
 def tile_detail(launches, tiles, t0):
     """Per GEMM launch: its tiles' main-loop times (quantiles, us), tiles per SM, and when each SM
     finished its last tile: whether a ragged end comes from uneven tile counts or uneven tiles.
-    Then the consumer's epilogue per tile and the time from it to the next tile's main loop
-    (medians, us; cooperative consumers: warpgroup 0's)."""
+    Then, per tile (medians, us; cooperative consumers: warpgroup 0's): the wait for the first
+    stage's data and the last MMAs' drain (both inside the main loop's time), the epilogue and
+    the time from it to the next tile's main loop."""
     print(f"{'launch':<28}{'tiles':>6}{'tile us min/med/max':>22}{'per SM':>10}{'last end min/med/max':>24}"
-          f"{'epi':>7}{'after':>7}")
+          f"{'wait0':>7}{'drain':>7}{'epi':>7}{'after':>7}")
     for name, r in sorted(launches, key=lambda l: int(l[1]["start"].min())):
         rec = tiles.get(int(r["grid"][0]))
         if rec is None:
             continue
-        is_epi = (rec["block"] & EPILOGUE) != 0
-        tr, epi = rec[~is_epi], rec[is_epi]
+        kind = rec["block"] & (EPILOGUE | FIRST_WAIT | DRAIN)
+        tr, epi = rec[kind == 0], rec[kind == EPILOGUE]
+        span = lambda v: (v["end"].astype(np.int64) - v["start"].astype(np.int64)) / 1e3
+        wait0, drain = span(rec[kind == FIRST_WAIT]), span(rec[kind == DRAIN])
         d = (tr["end"].astype(np.int64) - tr["start"].astype(np.int64)) / 1e3
         sms, count = np.unique(tr["smid"], return_counts=True)
         last = np.array([(tr["end"][tr["smid"] == sm].astype(np.int64).max() - t0) / 1e3 for sm in sms])
@@ -84,7 +89,7 @@ def tile_detail(launches, tiles, t0):
         after = _after_epilogues(tr, epi)
         med = lambda v: format(np.median(v), "7.2f") if len(v) else f"{'-':>7}"
         print(f"{name:<28}{len(tr):>6}{q(d, '6.1f'):>22}{q(count, '2.0f'):>10}{q(last, '7.1f'):>24}"
-              f"{med(e)}{med(after)}")
+              f"{med(wait0)}{med(drain)}{med(e)}{med(after)}")
 
 
 def collect():

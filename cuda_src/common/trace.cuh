@@ -61,6 +61,10 @@ __device__ unsigned int cupy_moe_tile_trace_count;
 // The consumer's epilogue of a tile (TRACE_EPI_*: from its last MMA's completion to its result
 // handed off) goes to the same records, the tile's index with kTraceEpilogue set.
 constexpr unsigned int kTraceEpilogue = 0x80000000u;
+// Two more parts of a tile, the same way: from the main loop's start to its first stage's data
+// (TRACE_FIRST_WAIT: how long the consumers wait at a tile's start) and from its last MMAs' issue
+// to their completion (TRACE_DRAIN_*).
+constexpr unsigned int kTraceFirstWait = 0x40000000u, kTraceDrain = 0x20000000u;
 
 __device__ __forceinline__ void trace_tile(unsigned int tile, unsigned long long start) {
   const unsigned int n = atomicAdd(&cupy_moe_tile_trace_count, 1u);
@@ -79,6 +83,15 @@ __device__ __forceinline__ void trace_tile(unsigned int tile, unsigned long long
   do {                              \
     if (record) trace_tile((unsigned int)(tile) | kTraceEpilogue, trace_epi_start_); \
   } while (0)
+#define TRACE_FIRST_WAIT(record, tile) \
+  do {                                 \
+    if (record) trace_tile((unsigned int)(tile) | kTraceFirstWait, trace_tile_start_); \
+  } while (0)
+#define TRACE_DRAIN_BEGIN() const unsigned long long trace_drain_start_ = trace_now()
+#define TRACE_DRAIN_END(record, tile) \
+  do {                                \
+    if (record) trace_tile((unsigned int)(tile) | kTraceDrain, trace_drain_start_); \
+  } while (0)
 #else
 #define TRACE_SCOPE() \
   do {            \
@@ -94,5 +107,14 @@ __device__ __forceinline__ void trace_tile(unsigned int tile, unsigned long long
   } while (0)
 #define TRACE_EPI_END(record, tile) \
   do {                              \
+  } while (0)
+#define TRACE_FIRST_WAIT(record, tile) \
+  do {                                 \
+  } while (0)
+#define TRACE_DRAIN_BEGIN() \
+  do {                      \
+  } while (0)
+#define TRACE_DRAIN_END(record, tile) \
+  do {                                \
   } while (0)
 #endif

@@ -185,6 +185,7 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
     int kin = 0;
     for (int kt = 0; kt < nk; ++kt) {
       mbar_wait(&full[stage], phase);
+      if (kt == 0) TRACE_FIRST_WAIT(tid == 0 && (L::PINGPONG || wg == 0), t);
       if (idle) {
         release(stage);
         if (++stage == Cfg::STAGES) { stage = 0; phase ^= 1; }
@@ -233,9 +234,11 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
       if (tid == 0) mbar_arrive(&turn[wg ^ 1]);  // all MMAs issued: the other warpgroup's turn
       ++mine;
     }
+    TRACE_DRAIN_BEGIN();
     wgmma_wait<0>();
     #pragma unroll
     for (int b = 0; b < HV; ++b) fence_operands(acc[b]);
+    TRACE_DRAIN_END(tid == 0 && (L::PINGPONG || wg == 0), t);
     TRACE_TILE_END(tid == 0 && (L::PINGPONG || wg == 0), t);
     TRACE_EPI_BEGIN();
     if (prev >= 0) release(prev);
