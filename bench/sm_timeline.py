@@ -50,6 +50,19 @@ def collect_tiles():
 EPILOGUE = 0x80000000  # trace.cuh kTraceEpilogue: a tile's epilogue record
 FIRST_WAIT = 0x40000000  # kTraceFirstWait: main loop's start -> its first stage's data
 DRAIN = 0x20000000  # kTraceDrain: last MMAs issued -> complete
+PRODUCER_FIRST = 0x10000000  # kTraceProducerFirst: the producer's wait for a tile's first slot -> its issue
+FLAGS = EPILOGUE | FIRST_WAIT | DRAIN | PRODUCER_FIRST
+
+
+def _first_load(rec, kind):
+    """us from the producer's issue of each tile's first stage to the consumers' having its data
+    (the end of their wait0), tile by tile."""
+    issue = {int(b) & ~FLAGS: int(e) for b, e in zip(rec["block"][kind == PRODUCER_FIRST],
+                                                     rec["end"][kind == PRODUCER_FIRST])}
+    got = [(int(e) - issue[int(b) & ~FLAGS]) / 1e3 for b, e in zip(rec["block"][kind == FIRST_WAIT],
+                                                                   rec["end"][kind == FIRST_WAIT])
+           if int(b) & ~FLAGS in issue]
+    return np.array(got)
 
 
 def _after_epilogues(main, epi):
@@ -70,17 +83,20 @@ def tile_detail(launches, tiles, t0):
     finished its last tile: whether a ragged end comes from uneven tile counts or uneven tiles.
     Then, per tile (medians, us; cooperative consumers: warpgroup 0's): the wait for the first
     stage's data and the last MMAs' drain (both inside the main loop's time), the epilogue and
-    the time from it to the next tile's main loop."""
+    the time from it to the next tile's main loop; the producer's wait for a free slot for the
+    tile's first stage ('slot') and the time from that stage's issue to the consumers' having it
+    ('load')."""
     print(f"{'launch':<28}{'tiles':>6}{'tile us min/med/max':>22}{'per SM':>10}{'last end min/med/max':>24}"
-          f"{'wait0':>7}{'drain':>7}{'epi':>7}{'after':>7}")
+          f"{'wait0':>7}{'drain':>7}{'epi':>7}{'after':>7}{'slot':>7}{'load':>7}")
     for name, r in sorted(launches, key=lambda l: int(l[1]["start"].min())):
         rec = tiles.get(int(r["grid"][0]))
         if rec is None:
             continue
-        kind = rec["block"] & (EPILOGUE | FIRST_WAIT | DRAIN)
+        kind = rec["block"] & FLAGS
         tr, epi = rec[kind == 0], rec[kind == EPILOGUE]
         span = lambda v: (v["end"].astype(np.int64) - v["start"].astype(np.int64)) / 1e3
         wait0, drain = span(rec[kind == FIRST_WAIT]), span(rec[kind == DRAIN])
+        slot, load = span(rec[kind == PRODUCER_FIRST]), _first_load(rec, kind)
         d = (tr["end"].astype(np.int64) - tr["start"].astype(np.int64)) / 1e3
         sms, count = np.unique(tr["smid"], return_counts=True)
         last = np.array([(tr["end"][tr["smid"] == sm].astype(np.int64).max() - t0) / 1e3 for sm in sms])
@@ -89,7 +105,7 @@ def tile_detail(launches, tiles, t0):
         after = _after_epilogues(tr, epi)
         med = lambda v: format(np.median(v), "7.2f") if len(v) else f"{'-':>7}"
         print(f"{name:<28}{len(tr):>6}{q(d, '6.1f'):>22}{q(count, '2.0f'):>10}{q(last, '7.1f'):>24}"
-              f"{med(wait0)}{med(drain)}{med(e)}{med(after)}")
+              f"{med(wait0)}{med(drain)}{med(e)}{med(after)}{med(slot)}{med(load)}")
 
 
 def collect():

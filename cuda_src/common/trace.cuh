@@ -65,6 +65,9 @@ constexpr unsigned int kTraceEpilogue = 0x80000000u;
 // (TRACE_FIRST_WAIT: how long the consumers wait at a tile's start) and from its last MMAs' issue
 // to their completion (TRACE_DRAIN_*).
 constexpr unsigned int kTraceFirstWait = 0x40000000u, kTraceDrain = 0x20000000u;
+// The producer's first stage of a tile: from its wait for a free slot to its loads' issue
+// (TRACE_PRODUCER_*): with the consumers' wait0 of the same tile, how long the loads took.
+constexpr unsigned int kTraceProducerFirst = 0x10000000u;
 
 __device__ __forceinline__ void trace_tile(unsigned int tile, unsigned long long start) {
   const unsigned int n = atomicAdd(&cupy_moe_tile_trace_count, 1u);
@@ -86,6 +89,11 @@ __device__ __forceinline__ void trace_tile(unsigned int tile, unsigned long long
 #define TRACE_FIRST_WAIT(record, tile) \
   do {                                 \
     if (record) trace_tile((unsigned int)(tile) | kTraceFirstWait, trace_tile_start_); \
+  } while (0)
+#define TRACE_PRODUCER_BEGIN() const unsigned long long trace_producer_start_ = trace_now()
+#define TRACE_PRODUCER_END(record, tile) \
+  do {                                   \
+    if (record) trace_tile((unsigned int)(tile) | kTraceProducerFirst, trace_producer_start_); \
   } while (0)
 #define TRACE_DRAIN_BEGIN() const unsigned long long trace_drain_start_ = trace_now()
 #define TRACE_DRAIN_END(record, tile) \
@@ -110,6 +118,12 @@ __device__ __forceinline__ void trace_tile(unsigned int tile, unsigned long long
   } while (0)
 #define TRACE_FIRST_WAIT(record, tile) \
   do {                                 \
+  } while (0)
+#define TRACE_PRODUCER_BEGIN() \
+  do {                         \
+  } while (0)
+#define TRACE_PRODUCER_END(record, tile) \
+  do {                                   \
   } while (0)
 #define TRACE_DRAIN_BEGIN() \
   do {                      \

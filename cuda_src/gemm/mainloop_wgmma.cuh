@@ -63,6 +63,7 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const Schedule
       for (int k0 = k_begin; k0 < k_end; k0 += BK, ++kt) {
         if constexpr (Cfg::SPLIT_K)
           if (!sched.loads(tc, kt)) continue;  // another piece's
+        TRACE_PRODUCER_BEGIN();
         mbar_wait(&empty[stage], phase ^ 1);
         u8* ta = smem + stage * L::STAGE_BYTES;
         u8* tb = ta + L::A_BYTES;
@@ -74,6 +75,7 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const Schedule
             tma_tile<BM, Cfg::A_KMAJOR>(ta, &P.tma_a[s], &full[stage], tc.m0, kl, 0);
           if constexpr (!L::CPA_B)
             tma_tile<BN, Cfg::B_KMAJOR>(tb, &P.tma_b[s], &full[stage], tc.n0, kl, grp);
+          if (kt == 0) TRACE_PRODUCER_END(true, t);
         }
         if constexpr (L::CPA_A)  // rows stop at the group's end (K-major) or at m
           cp_async_operand<BM, Cfg::A_KMAJOR>(ta, a_base, p.lda[s], p.gather_a, p.gather_div, tc.m0,
