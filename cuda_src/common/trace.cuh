@@ -101,34 +101,18 @@ __device__ __forceinline__ void trace_tile(unsigned int tile, unsigned long long
     if (record) trace_tile((unsigned int)(tile) | kTraceDrain, trace_drain_start_); \
   } while (0)
 #else
-#define TRACE_SCOPE() \
-  do {            \
+// Untraced: every marker is an empty statement (the kernels the library runs are not touched).
+#define TRACE_NOTHING_ \
+  do {             \
   } while (0)
-#define TRACE_TILE_BEGIN() \
-  do {                     \
-  } while (0)
-#define TRACE_TILE_END(record, tile) \
-  do {                               \
-  } while (0)
-#define TRACE_EPI_BEGIN() \
-  do {                    \
-  } while (0)
-#define TRACE_EPI_END(record, tile) \
-  do {                              \
-  } while (0)
-#define TRACE_FIRST_WAIT(record, tile) \
-  do {                                 \
-  } while (0)
-#define TRACE_PRODUCER_BEGIN() \
-  do {                         \
-  } while (0)
-#define TRACE_PRODUCER_END(record, tile) \
-  do {                                   \
-  } while (0)
-#define TRACE_DRAIN_BEGIN() \
-  do {                      \
-  } while (0)
-#define TRACE_DRAIN_END(record, tile) \
-  do {                                \
-  } while (0)
+#define TRACE_SCOPE() TRACE_NOTHING_
+#define TRACE_TILE_BEGIN() TRACE_NOTHING_
+#define TRACE_TILE_END(record, tile) TRACE_NOTHING_
+#define TRACE_EPI_BEGIN() TRACE_NOTHING_
+#define TRACE_EPI_END(record, tile) TRACE_NOTHING_
+#define TRACE_FIRST_WAIT(record, tile) TRACE_NOTHING_
+#define TRACE_PRODUCER_BEGIN() TRACE_NOTHING_
+#define TRACE_PRODUCER_END(record, tile) TRACE_NOTHING_
+#define TRACE_DRAIN_BEGIN() TRACE_NOTHING_
+#define TRACE_DRAIN_END(record, tile) TRACE_NOTHING_
 #endif
