@@ -76,30 +76,21 @@ __device__ __forceinline__ void trace_tile(unsigned int tile, unsigned long long
   trace_stamp(r, tile, start);
   r.end = trace_now();
 }
+// One record of a tile part (kind: 0 or a kTrace* flag) from `start` to now, where `record`.
+#define TRACE_TILE_PART_(record, tile, kind, start) \
+  do {                                              \
+    if (record) trace_tile((unsigned int)(tile) | (kind), start); \
+  } while (0)
 #define TRACE_TILE_BEGIN() const unsigned long long trace_tile_start_ = trace_now()
-#define TRACE_TILE_END(record, tile) \
-  do {                               \
-    if (record) trace_tile((unsigned int)(tile), trace_tile_start_); \
-  } while (0)
+#define TRACE_TILE_END(record, tile) TRACE_TILE_PART_(record, tile, 0u, trace_tile_start_)
+#define TRACE_FIRST_WAIT(record, tile) TRACE_TILE_PART_(record, tile, kTraceFirstWait, trace_tile_start_)
 #define TRACE_EPI_BEGIN() const unsigned long long trace_epi_start_ = trace_now()
-#define TRACE_EPI_END(record, tile) \
-  do {                              \
-    if (record) trace_tile((unsigned int)(tile) | kTraceEpilogue, trace_epi_start_); \
-  } while (0)
-#define TRACE_FIRST_WAIT(record, tile) \
-  do {                                 \
-    if (record) trace_tile((unsigned int)(tile) | kTraceFirstWait, trace_tile_start_); \
-  } while (0)
+#define TRACE_EPI_END(record, tile) TRACE_TILE_PART_(record, tile, kTraceEpilogue, trace_epi_start_)
 #define TRACE_PRODUCER_BEGIN() const unsigned long long trace_producer_start_ = trace_now()
 #define TRACE_PRODUCER_END(record, tile) \
-  do {                                   \
-    if (record) trace_tile((unsigned int)(tile) | kTraceProducerFirst, trace_producer_start_); \
-  } while (0)
+  TRACE_TILE_PART_(record, tile, kTraceProducerFirst, trace_producer_start_)
 #define TRACE_DRAIN_BEGIN() const unsigned long long trace_drain_start_ = trace_now()
-#define TRACE_DRAIN_END(record, tile) \
-  do {                                \
-    if (record) trace_tile((unsigned int)(tile) | kTraceDrain, trace_drain_start_); \
-  } while (0)
+#define TRACE_DRAIN_END(record, tile) TRACE_TILE_PART_(record, tile, kTraceDrain, trace_drain_start_)
 #else
 // Untraced: every marker is an empty statement (the kernels the library runs are not touched).
 #define TRACE_NOTHING_ \
