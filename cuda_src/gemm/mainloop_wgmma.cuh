@@ -125,14 +125,14 @@ __device__ __forceinline__ void mask_lines(u8* stage, int first, int count, bool
   named_barrier(bar, threads);
 }
 
-// K-grouped, cooperative, a shifted last k-tile (only A's lines are zeroed): lines [first, first +
-// count) of A's atom `atom` alone, the rows warpgroup `atom` multiplies, by its own 128 threads
-// (barrier `bar`), so neither warpgroup waits for the other's zeroing.
+// K-grouped, cooperative, a shifted last k-tile (only A's lines are zeroed): lines [0, count) of
+// A's atom `atom` alone, the rows warpgroup `atom` multiplies, by its own 128 threads (barrier
+// `bar`), so neither warpgroup waits for the other's zeroing.
 template <class Cfg>
-__device__ __forceinline__ void mask_a_atom(u8* stage, int atom, int first, int count, int tid, int bar) {
+__device__ __forceinline__ void mask_a_atom(u8* stage, int atom, int count, int tid, int bar) {
   u8* tile = stage + atom * ATOM_BYTES;
   for (int i = tid; i < count * 8; i += 128)
-    *(uint4*)(tile + (first + i / 8) * 128 + (i % 8) * 16) = make_uint4(0, 0, 0, 0);
+    *(uint4*)(tile + (i / 8) * 128 + (i % 8) * 16) = make_uint4(0, 0, 0, 0);
   fence_proxy_async();
   named_barrier(bar, 128);
 }
@@ -203,7 +203,7 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
           const int first = shifted ? 0 : valid;
           u8* st = smem + stage * L::STAGE_BYTES;
           if constexpr (L::PINGPONG) mask_lines<Cfg>(st, first, BK - valid, !shifted, tid, 128, 4 + wg);
-          else if (shifted && L::MASK_A) mask_a_atom<Cfg>(st, wg, 0, BK - valid, tid, 4 + wg);
+          else if (shifted) mask_a_atom<Cfg>(st, wg, BK - valid, tid, 4 + wg);
           else mask_lines<Cfg>(st, first, BK - valid, !shifted, tid + 128 * wg, 256, 1);
         }
       }
