@@ -1,7 +1,8 @@
 """A/B of the layer backward's knobs in one process: each variant interleaved over --rounds, L2
 flushed, median of --reps (ms); each variant's gradients against the first's (relative error).
 A variant is a comma list of knob=value: dwdt=0|1 (gpu.layer.DWD_TRANSPOSED), sbs=0|1 (the
-shared expert's weight gradients side by side: gpu.side_by_side.MIN_GAIN_STEPS); "base" is the
+shared expert's weight gradients side by side: gpu.side_by_side.MIN_GAIN_STEPS), ring=N
+(gpu.gemm.STORE_RING); "base" is the
 defaults. Usage (device): PYTHONPATH=. python bench/ab_layer.py [--T 8192] [--reps 10] base dwdt=0"""
 import argparse
 import os
@@ -15,7 +16,7 @@ def main():
     import cupy as cp
 
     import cupy_moe
-    from cupy_moe.gpu import layer, side_by_side
+    from cupy_moe.gpu import gemm, layer, side_by_side
     from cupy_moe.testing import make_moe_inputs, relative_error
 
     ap = argparse.ArgumentParser()
@@ -29,6 +30,7 @@ def main():
         knobs = dict(kv.split("=") for kv in variant.split(",") if kv != "base")
         layer.DWD_TRANSPOSED = knobs.pop("dwdt", "1") != "0"
         side_by_side.MIN_GAIN_STEPS = 16 if knobs.pop("sbs", "1") != "0" else 1 << 30
+        gemm.STORE_RING = int(knobs.pop("ring", "2"))
         assert not knobs, f"unknown knobs {knobs}"
 
     cfg = cupy_moe.MoEConfig.glm45_air()

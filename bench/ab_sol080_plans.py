@@ -10,7 +10,8 @@ CONFIG_OVERRIDE: the same bits), wide=0|1 (sol080.WIDE_D_ACT), dyn=grouped|all|n
 (gemm.DYNAMIC_TILES: the same bits), fwgrad=auto|0|1 (sol080.FUSED_WGRAD), wdpp=auto|0|1
 (sol080.WD_PINGPONG), wgupp=auto|0|1 (sol080.WGU_PINGPONG), wdt=auto|0|1
 (sol080.WD_TRANSPOSED), sto=auto|cap|wgu-main|"" (sol080.SMALL_T_ORDER; sto= for none), wdf=auto|0|1 (sol080.WD_FIRST),
-dgs=auto|k|1 (sol080.DGRAD_SPLITS), sws=auto|N (sol080.SWIGLU_SMS), swst=N (the SwiGLU kernel's stages);
+dgs=auto|k|1 (sol080.DGRAD_SPLITS), sws=auto|N (sol080.SWIGLU_SMS), swst=N (the SwiGLU kernel's stages),
+ring=N (gemm.STORE_RING: the same bits);
 "base" is the defaults, e.g.
 `python bench/ab_sol080_plans.py base even=wgu wgrad=side-early pdl=0`.
 Usage (device): PYTHONPATH=. python bench/ab_sol080_plans.py [--reps 20] [--T 192,8192] VARIANT...
@@ -65,6 +66,7 @@ def main():
         sol080.DGRAD_SPLITS = knobs.pop("dgs", "auto")
         sol080.SWIGLU_SMS = knobs.pop("sws", "auto")
         sol080._SWIGLU_STAGES = int(knobs.pop("swst", "3"))
+        gemm.STORE_RING = int(knobs.pop("ring", "2"))
         assert not knobs, f"unknown knobs {knobs}"
 
     def arith():  # the knobs that change the order of an fp32 sum or the SwiGLU kernel

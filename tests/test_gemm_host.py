@@ -154,6 +154,21 @@ def test_every_chosen_config_fits_shared_memory(pingpong):
                     assert cfg.smem_bytes(table) <= G.Sm90Config.SMEM_LIMIT, (cfg, table)
 
 
+def test_wide_tma_store_tiles_keep_four_stages_through_a_store_ring(monkeypatch):
+    """Cooperative 128 x 256 tiles with bf16 TMA stores stage their results through a ring of
+    two 64 x 64 units per warpgroup, which leaves room for a 4th stage (with 256 experts'
+    table too); without the ring (STORE_RING = 0) they keep whole-tile staging and 3 stages."""
+    for groups in (0, 128, 256):
+        cfg = G.Sm90Config.choose(1000, 4096, 132, groups, False, GROUPING=1 if groups else 0, C_TMA=True)
+        assert (cfg.BN, cfg.STORE_RING, cfg.STAGES) == (256, 2, 4), cfg
+        assert cfg.smem_bytes(groups) <= G.Sm90Config.SMEM_LIMIT
+    assert G.Sm90Config.choose(1000, 4096, 132, 0, False, C_TMA=False).STORE_RING == 0
+    assert G.Sm90Config.choose(1000, 128, 132, 0, False, C_TMA=True).STORE_RING == 0
+    monkeypatch.setattr(G, "STORE_RING", 0)
+    cfg = G.Sm90Config.choose(1000, 4096, 132, 0, False, C_TMA=True)
+    assert (cfg.STORE_RING, cfg.STAGES) == (0, 3), cfg
+
+
 def test_swiglu_epilogue_staged_where_aligned(host, scratch, monkeypatch):
     """Routed experts and the shared expert alike stage their accumulators for the epilogue
     warps (128-wide tiles); an unaligned row, a narrow output, the switch off or ping-pong

@@ -428,6 +428,65 @@ def test_dynamic_tile_claims_give_the_same_bits(case, monkeypatch):
     assert int(cp.count_nonzero(counters)) == 0  # every launch left its pair zeroed
 
 
+@pytest.mark.parametrize("case", ["dense", "m-grouped", "m-one-group", "k-grouped", "k-transposed"])
+def test_store_ring_gives_the_same_bits(case, monkeypatch):
+    """128 x 256 tiles staged through a ring of two units per warpgroup (gemm.STORE_RING = 2, 4
+    stages) store what whole-tile staging does (STORE_RING = 0, 3 stages), bit for bit, every
+    element written, against NumPy too: dense, M-grouped with empty groups or all rows in one
+    group (tiles that straddle a group's end store from registers), K-grouped with empty groups,
+    and the transposed result."""
+    import cupy as cp
+    from cupy_moe.gpu import gemm as G
+    from cupy_moe.gpu.gemm import Segment
+
+    rng = np.random.default_rng(31)
+    if case == "dense":
+        m, n, k = 4099, 1280, 200  # (enough 128 x 256 tiles for every SM: choose() takes them)
+        A, B = _bf16(rng, m, k), _bf16(rng, n, k)
+        ref = _f(A) @ _f(B).T
+        out = cp.empty((m, n), bfloat16)
+        kw = dict(m=m, n=n, segments=[Segment(cp.asarray(A), k, cp.asarray(B), k, k=k)], a_kmajor=True,
+                  b_kmajor=True, out=out, ldc=n)
+    elif case in ("m-grouped", "m-one-group"):
+        Gs, rows, n, k = 7, 1201, 2048, 136
+        if case == "m-grouped":
+            offs = _groups(rng, Gs, rows, empty=(0, 3))
+        else:
+            offs = np.array([0, 0, 0, rows, rows, rows, rows, rows], np.int32)
+        A, W = _bf16(rng, rows, k), _bf16(rng, Gs, k, n)
+        ref = np.concatenate([_f(A[offs[g]:offs[g + 1]]) @ _f(W[g]) for g in range(Gs)])
+        out = cp.empty((rows, n), bfloat16)
+        kw = dict(m=rows, n=n, segments=[Segment(cp.asarray(A), k, cp.asarray(W), n, k=k, b_group_stride=k * n)],
+                  a_kmajor=True, b_kmajor=False, out=out, ldc=n, grouping="m", group_offsets=cp.asarray(offs),
+                  num_groups=Gs)
+    else:
+        Gs, m, n, L = 5, 2816, 1408, 1001
+        offs = _groups(rng, Gs, L, empty=(2,))
+        A, B = _bf16(rng, L, m), _bf16(rng, L, n)
+        ref = np.stack([_f(A[offs[g]:offs[g + 1]]).T @ _f(B[offs[g]:offs[g + 1]]) for g in range(Gs)])
+        if case == "k-transposed":  # (the layer's dWd: n and m swap, the result stored as C^T)
+            ref = ref.transpose(0, 2, 1)
+        out = cp.empty(ref.shape, bfloat16)
+        kw = dict(m=m, n=n, segments=[Segment(cp.asarray(A), m, cp.asarray(B), n, k=L)], a_kmajor=False,
+                  b_kmajor=False, out=out, ldc=ref.shape[2], c_group_stride=m * n, grouping="k",
+                  group_offsets=cp.asarray(offs), num_groups=Gs, out_transposed=case == "k-transposed")
+    chosen = []
+    choose = G.Sm90Config.choose.__func__
+    monkeypatch.setattr(G.Sm90Config, "choose",
+                        classmethod(lambda cls, *a, **k: chosen.append(choose(cls, *a, **k)) or chosen[-1]))
+    results = []
+    for ring in (0, 2):
+        monkeypatch.setattr(G, "STORE_RING", ring)
+        G._prepared.clear()  # (a launch prepared for the same addresses would skip choose())
+        out.fill(np.nan)
+        G.gemm(engine="sm90", **kw)
+        results.append(out.get())
+    assert [(c.BN, c.C_TMA, c.STORE_RING, c.STAGES) for c in chosen] == [(256, True, 0, 3), (256, True, 2, 4)]
+    assert not np.isnan(results[1].astype(np.float32)).any()
+    np.testing.assert_array_equal(results[0].view(np.uint16), results[1].view(np.uint16))
+    assert relative_error(results[1].astype(np.float32), ref) < 1e-2
+
+
 @pytest.mark.parametrize("head,rows,n,k", [(128, 2816 + 128, 4096, 333), (40, 304, 264, 200), (8, 16, 72, 1)])
 def test_f32_head_and_a_segment_of_the_first_rows(head, rows, n, k):
     """gemm(f32_head) with a Segment(m=head): [A0 (all rows); A1 (the first head rows)] reduced

@@ -103,8 +103,12 @@ __device__ __forceinline__ void tma_store_3d(const TmaDesc* map, const void* src
                :: "l"(map), "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2) : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-// The shared-memory sources of this thread's bulk stores may be overwritten.
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// The shared-memory sources of this thread's bulk stores may be overwritten, all but those of its
+// newest `pending` groups.
+template <int pending = 0>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(pending) : "memory");
+}
 // This thread's bulk stores are complete in global memory.
 __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 

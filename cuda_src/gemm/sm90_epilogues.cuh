@@ -348,62 +348,74 @@ __device__ __forceinline__ void split_cluster_epilogue(const GemmSm90Params& P, 
 }
 
 // bf16 rows of one warpgroup (its 64-row blocks) through its shared-memory staging buffer
-// (64 x 64 sub-tiles, 128-byte swizzled: conflict-free writes) and TMA stores, which clip at the
-// tensor's edges. The store runs while the warpgroup goes on with its next tile; the staging
-// buffer is reused only after the previous store has read it. row_off: the first block's row.
+// (64 x 64 units, 128-byte swizzled: conflict-free writes) and TMA stores, which clip at the
+// tensor's edges. The stores run while the warpgroup goes on with its next tile. The units go in
+// batches: all at once, or with a ring (Plan::RING) half of it at a time, each batch's buffers
+// reused once the stores of the batch before the last have read them. row_off: the first block's row.
 template <class Cfg>
 __device__ __forceinline__ void store_tile_tma(const GemmSm90Params& P, const Tile& tc,
                                                const float (&acc)[Plan<Cfg>::HALVES][Cfg::BN / 2],
                                                u8* staging, int row_off, int wg, int tid) {
-  constexpr int HV = Plan<Cfg>::HALVES, ATOMS = Cfg::BN / 64;
+  using L = Plan<Cfg>;
+  constexpr int ATOMS = Cfg::BN / 64, UNITS = L::STORE_UNITS;
+  constexpr int BATCH = Cfg::STORE_RING > 0 ? L::RING / 2 : UNITS;
   const int warp = tid / 32, lane = tid % 32;
-  if (tid == 0) bulk_wait_read();
-  named_barrier(2 + wg, 128);
   #pragma unroll
-  for (int b = 0; b < HV; ++b) {
-    if constexpr (Cfg::C_TRANS) {
-      // C^T: sub-tile a holds columns 64 a .. 64 a + 63 as its 64 rows of 128 bytes (this block's
-      // 64 result rows, 16-byte chunk c of row h at c ^ (h % 8)), written by stmatrix.trans: two
-      // column blocks of 8 x the warp's two 8-row halves per instruction. Lane L gives the address
-      // of column 8 (j + L / 16) + L % 8, rows 16 warp + 8 (L / 8 % 2) ...
-      const int q = lane / 8, hq = lane % 8;
-      #pragma unroll
-      for (int j = 0; j < Cfg::BN / 8; j += 2) {
-        const int col = 8 * (j + q / 2) + hq, chunk = 2 * warp + q % 2;
-        const u32 dst = smem_addr(staging + (b * ATOMS + col / 64) * (64 * 128) + (col % 64) * 128 +
-                                  ((chunk ^ (col % 8)) << 4));
-        stmatrix_x4_trans(dst, pack_bf16x2(acc[b][4 * j], acc[b][4 * j + 1]),
-                          pack_bf16x2(acc[b][4 * j + 2], acc[b][4 * j + 3]),
-                          pack_bf16x2(acc[b][4 * j + 4], acc[b][4 * j + 5]),
-                          pack_bf16x2(acc[b][4 * j + 6], acc[b][4 * j + 7]));
+  for (int first = 0; first < UNITS; first += BATCH) {
+    if (first == 0 || first >= L::RING) {  // the batch's buffers: the stores that read them are done
+      if (tid == 0) {
+        if (first == 0) bulk_wait_read<0>();  // (the last tile's)
+        else bulk_wait_read<1>();             // (all but the batch just stored)
       }
-      continue;
+      named_barrier(2 + wg, 128);
     }
     #pragma unroll
-    for (int j = 0; j < Cfg::BN / 8; ++j) {
-      #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = 16 * warp + lane / 4 + 8 * h;
-        u8* dst = staging + (b * ATOMS + j / 8) * (64 * 128) + r * 128 + (((j % 8) ^ (r % 8)) << 4) + 4 * (lane % 4);
-        *(u32*)dst = pack_bf16x2(acc[b][4 * j + 2 * h], acc[b][4 * j + 2 * h + 1]);
+    for (int u = first; u < first + BATCH; ++u) {
+      const int b = u / ATOMS, a = u % ATOMS;
+      u8* unit = staging + (u % L::RING) * ATOM_BYTES;
+      if constexpr (Cfg::C_TRANS) {
+        // C^T: the unit holds columns 64 a .. 64 a + 63 as its 64 rows of 128 bytes (this block's
+        // 64 result rows, 16-byte chunk c of row h at c ^ (h % 8)), written by stmatrix.trans: two
+        // column blocks of 8 x the warp's two 8-row halves per instruction. Lane L gives the address
+        // of column 8 (j + L / 16) + L % 8, rows 16 warp + 8 (L / 8 % 2) ...
+        const int q = lane / 8, hq = lane % 8;
+        #pragma unroll
+        for (int j = 8 * a; j < 8 * a + 8; j += 2) {
+          const int col = 8 * (j + q / 2) + hq, chunk = 2 * warp + q % 2;
+          const u32 dst = smem_addr(unit + (col % 64) * 128 + ((chunk ^ (col % 8)) << 4));
+          stmatrix_x4_trans(dst, pack_bf16x2(acc[b][4 * j], acc[b][4 * j + 1]),
+                            pack_bf16x2(acc[b][4 * j + 2], acc[b][4 * j + 3]),
+                            pack_bf16x2(acc[b][4 * j + 4], acc[b][4 * j + 5]),
+                            pack_bf16x2(acc[b][4 * j + 6], acc[b][4 * j + 7]));
+        }
+      } else {
+        #pragma unroll
+        for (int j = 8 * a; j < 8 * a + 8; ++j) {
+          #pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int r = 16 * warp + lane / 4 + 8 * h;
+            u8* dst = unit + r * 128 + (((j % 8) ^ (r % 8)) << 4) + 4 * (lane % 4);
+            *(u32*)dst = pack_bf16x2(acc[b][4 * j + 2 * h], acc[b][4 * j + 2 * h + 1]);
+          }
+        }
       }
     }
-  }
-  fence_proxy_async();
-  named_barrier(2 + wg, 128);
-  if (tid == 0) {
-    const int group = Cfg::GROUPING == kKGrouped ? tc.group : 0;
-    #pragma unroll
-    for (int b = 0; b < HV; ++b)
+    fence_proxy_async();
+    named_barrier(2 + wg, 128);
+    if (tid == 0) {
+      const int group = Cfg::GROUPING == kKGrouped ? tc.group : 0;
       #pragma unroll
-      for (int a = 0; a < ATOMS; ++a) {
+      for (int u = first; u < first + BATCH; ++u) {
+        const int b = u / ATOMS, a = u % ATOMS;
+        const u8* unit = staging + (u % L::RING) * ATOM_BYTES;
         const int row = tc.m0 + row_off + 64 * b - (Cfg::ROW_SPLIT ? P.base.c2_rows : 0), col = tc.n0 + 64 * a;
         if constexpr (Cfg::C_TRANS)  // the map is C^T's: (result rows, result columns) = (its columns, rows)
-          tma_store_3d(&P.tma_c, staging + (b * ATOMS + a) * (64 * 128), row, col, group);
+          tma_store_3d(&P.tma_c, unit, row, col, group);
         else
-          tma_store_3d(&P.tma_c, staging + (b * ATOMS + a) * (64 * 128), col, row, group);
+          tma_store_3d(&P.tma_c, unit, col, row, group);
       }
-    bulk_commit();
+      bulk_commit();
+    }
   }
 }
 

@@ -34,8 +34,14 @@ struct Plan {
   static constexpr bool PINGPONG = Cfg::PINGPONG;
   static constexpr int HALVES = PINGPONG ? 2 : 1;     // 64-row accumulator blocks per warpgroup
   static constexpr int WG_ROWS = 64 * HALVES;
+  // A consumer warpgroup's bf16 results leave through shared memory in 64-column units of 64 rows
+  // (8 KB, one TMA box each): all its units at once, or (Cfg::STORE_RING) through a ring of that
+  // many units, a unit's buffer reused once the TMA store before has read it. The ring's 32 KB
+  // instead of 64 let a 128 x 256 tile keep a 4th stage.
+  static constexpr int STORE_UNITS = HALVES * Cfg::BN / 64;
+  static constexpr int RING = Cfg::STORE_RING > 0 ? Cfg::STORE_RING : STORE_UNITS;
   static constexpr int STAGING = Cfg::STAGES * STAGE_BYTES;        // per consumer warpgroup:
-  static constexpr int STAGING_BYTES = TMA_STORE ? WG_ROWS * Cfg::BN * 2 : 0;  // its rows in bf16
+  static constexpr int STAGING_BYTES = TMA_STORE ? RING * ATOM_BYTES : 0;  // its ring of units
   // SwiGLU backward with E_STAGED: the consumers leave each tile's fp32 accumulators (da') in
   // this buffer and go on with the next tile; E_WARPS epilogue warps (the producer warpgroup's
   // spare warps 1..3 and a fourth warpgroup) turn them into dg, du (and aw, dw) meanwhile,
@@ -68,6 +74,9 @@ struct Plan {
   static_assert(!PINGPONG || Cfg::BN <= 128, "a ping-pong warpgroup holds 128 x BN accumulators");
   static_assert(MAX_SEGMENTS >= 1, "segments");
   static_assert(!Cfg::C_TMA || Cfg::EPILOGUE == kStoreBf16, "TMA stores carry bf16 results");
+  static_assert(Cfg::STORE_RING == 0 || (Cfg::C_TMA && STORE_UNITS % Cfg::STORE_RING == 0 &&
+                                          Cfg::STORE_RING % 2 == 0 && Cfg::STORE_RING < STORE_UNITS),
+                "a store ring: an even count of units that divides the warpgroup's, fewer than all");
   static_assert(!Cfg::C_TRANS || (Cfg::C_TMA && Cfg::GROUPING != kMGrouped && !Cfg::ROW_SPLIT),
                 "a transposed result leaves by TMA stores only (every tile whole)");
   static_assert(Cfg::EPILOGUE != kSwigluBackward || Cfg::GROUPING != kKGrouped, "row epilogue");

@@ -33,6 +33,10 @@ PINGPONG = {"1": True, "0": False}.get(os.environ.get("CUPY_MOE_PINGPONG", ""), 
 # run it after each tile's main loop, the tensor cores idle); CUPY_MOE_STAGED_EPILOGUE=0 turns it
 # off for a process (A/B, tests).
 STAGED_EPILOGUE = os.environ.get("CUPY_MOE_STAGED_EPILOGUE", "1") != "0"
+# Staging units per consumer warpgroup for the bf16 TMA stores of cooperative 128 x 256 tiles
+# (Sm90Config.STORE_RING): 2 (16 KB reused as the stores read it, so 4 stages fit beside it) or 0
+# (64 rows x 256 in one buffer, 3 stages). CUPY_MOE_STORE_RING sets it (A/B).
+STORE_RING = int(os.environ.get("CUPY_MOE_STORE_RING", "2"))
 # Benchmarks only: Sm90Config fields forced onto every Hopper config choose() makes (tile studies;
 # the caller keeps the result within shared memory). Empty in normal use.
 CONFIG_OVERRIDE: dict = {}
@@ -178,6 +182,8 @@ class Sm90Config:
     DYNAMIC: bool = False  # tiles claimed as the CTAs go (DYNAMIC_TILES; GemmParams.tile_counter)
     C_TRANS: bool = False  # the result stored transposed (gemm(out_transposed)), by TMA
     M_FASTEST: bool = False  # tiles in row-fastest order (A/B through CONFIG_OVERRIDE only)
+    STORE_RING: int = 0  # C_TMA: 64 x 64 staging units per consumer warpgroup, reused as
+    # their stores read them (0: one per unit of its rows)
 
     BM = 128
     BK = 64
@@ -190,7 +196,12 @@ class Sm90Config:
 
     def smem_bytes(self, num_groups: int) -> int:
         stage = (self.BM + self.BN) * self.BK * 2
-        staging = (2 if self.PINGPONG else 1) * self.BM * self.BN * 2 if self.C_TMA else 0
+        if not self.C_TMA:
+            staging = 0
+        elif self.STORE_RING:
+            staging = 2 * self.STORE_RING * 64 * 64 * 2  # per consumer warpgroup
+        else:
+            staging = (2 if self.PINGPONG else 1) * self.BM * self.BN * 2
         epilogue = self.BM * self.BN * 4 + 16 if self.E_STAGED else 0
         feed = 4 * (4 + 8 + 8) + 16  # TileFeed: 4 slots, their full and empty barriers, 1 int
         return 1024 + self.STAGES * (stage + 16) + staging + epilogue + 16 + feed + 4 * (num_groups + 1)
@@ -205,7 +216,7 @@ class Sm90Config:
         fewer with TMA stores."""
         if pingpong:
             bn = 64 if n <= 64 else 128
-            most = 8
+            most, ring = 8, 0
         else:
             if flags.get("E_STAGED") or flags.get("SPLIT_CLUSTER"):
                 bn = 128
@@ -215,10 +226,11 @@ class Sm90Config:
                 bn = 64
             else:
                 bn = 128
-            most = {256: 4, 128: 6, 64: 8}[bn] - (flags.get("C_TMA", False) and bn > 64)
-        probe = cls(BN=bn, STAGES=0, PINGPONG=pingpong, **flags)
+            ring = STORE_RING if flags.get("C_TMA", False) and bn == 256 else 0
+            most = {256: 4, 128: 6, 64: 8}[bn] - (flags.get("C_TMA", False) and bn > 64 and not ring)
+        probe = cls(BN=bn, STAGES=0, PINGPONG=pingpong, STORE_RING=ring, **flags)
         fit = (cls.SMEM_LIMIT - probe.smem_bytes(num_groups)) // ((cls.BM + bn) * cls.BK * 2 + 16)
-        return cls(BN=bn, STAGES=min(most, fit), PINGPONG=pingpong, **flags)
+        return cls(BN=bn, STAGES=min(most, fit), PINGPONG=pingpong, STORE_RING=ring, **flags)
 
 
 def sm90_prelude(cfg: Sm90Config) -> str:
@@ -379,7 +391,7 @@ def prepare(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_km
 
     opt = lambda a: 0 if a is None else _addr(a)
     sw = swiglu if epilogue == "swiglu_backward" else None
-    key = (cupy.cuda.Device().id, PINGPONG, STAGED_EPILOGUE, DYNAMIC_TILES, tuple(sorted(CONFIG_OVERRIDE.items())),
+    key = (cupy.cuda.Device().id, PINGPONG, STAGED_EPILOGUE, DYNAMIC_TILES, STORE_RING, tuple(sorted(CONFIG_OVERRIDE.items())),
            m, n, a_kmajor, b_kmajor, opt(out), ldc, epilogue, grouping, opt(group_offsets),
            num_groups, c_group_stride, opt(gather_a), opt(gather_b), gather_div, engine, k_splits,
            cancel, even_rounds, wide, sum_groups_and_halves,

@@ -196,6 +196,7 @@ class _Plan:
     small_t_order: str = ""               # SMALL_T_ORDER's answer where d_act is split
     wd_first: bool = False                # grad_Wd first with the router beside it (WD_FIRST)
     swiglu_sms: int = 0                   # SMs of the elementwise SwiGLU beside grad_Wd (SWIGLU_SMS)
+    store_ring: int = 0                   # gemm.STORE_RING (A/B: a graph per setting)
 
     @classmethod
     def of(cls, g, x, wr, wg, wu, wd, gate):
@@ -252,7 +253,8 @@ class _Plan:
                    wd_pingpong=_knob(WD_PINGPONG, T <= _WD_PINGPONG_MAX_T),
                    wgu_pingpong=_knob(WGU_PINGPONG, T <= _WGU_PINGPONG_MAX_T),
                    wd_transposed=_knob(WD_TRANSPOSED, T >= _WD_TRANSPOSED_MIN_T),
-                   small_t_order=small_t_order, wd_first=wd_first, swiglu_sms=swiglu_sms)
+                   small_t_order=small_t_order, wd_first=wd_first, swiglu_sms=swiglu_sms,
+                   store_ring=gemm_module.STORE_RING)
 
 
 @dataclass(frozen=True)
