@@ -2,7 +2,8 @@
 flushed, median of --reps (ms); each variant's gradients against the first's (relative error).
 A variant is a comma list of knob=value: dwdt=0|1 (gpu.layer.DWD_TRANSPOSED), sbs=0|1 (the
 shared expert's weight gradients side by side: gpu.side_by_side.MIN_GAIN_STEPS), ring=N
-(gpu.gemm.STORE_RING); "base" is the
+(gpu.gemm.STORE_RING), cfg.FIELD=N (gpu.gemm.CONFIG_OVERRIDE: that Sm90Config field on every
+Hopper GEMM; the caller keeps it within shared memory); "base" is the
 defaults. Usage (device): PYTHONPATH=. python bench/ab_layer.py [--T 8192] [--reps 10] base dwdt=0"""
 import argparse
 import os
@@ -31,6 +32,7 @@ def main():
         layer.DWD_TRANSPOSED = knobs.pop("dwdt", "1") != "0"
         side_by_side.MIN_GAIN_STEPS = 16 if knobs.pop("sbs", "1") != "0" else 1 << 30
         gemm.STORE_RING = int(knobs.pop("ring", "2"))
+        gemm.CONFIG_OVERRIDE = {k[4:]: int(knobs.pop(k)) for k in list(knobs) if k.startswith("cfg.")}
         assert not knobs, f"unknown knobs {knobs}"
 
     cfg = cupy_moe.MoEConfig.glm45_air()
