@@ -37,6 +37,8 @@ STAGED_EPILOGUE = os.environ.get("CUPY_MOE_STAGED_EPILOGUE", "1") != "0"
 # (Sm90Config.STORE_RING): 2 (16 KB reused as the stores read it, so 4 stages fit beside it) or 0
 # (64 rows x 256 in one buffer, 3 stages). CUPY_MOE_STORE_RING sets it (A/B).
 STORE_RING = int(os.environ.get("CUPY_MOE_STORE_RING", "2"))
+if STORE_RING not in (0, 2):
+    raise ValueError(f"CUPY_MOE_STORE_RING: expected 0 or 2, got {STORE_RING}")
 # Benchmarks only: Sm90Config fields forced onto every Hopper config choose() makes (tile studies;
 # the caller keeps the result within shared memory). Empty in normal use.
 CONFIG_OVERRIDE: dict = {}
@@ -199,7 +201,7 @@ class Sm90Config:
         if not self.C_TMA:
             staging = 0
         elif self.STORE_RING:
-            staging = 2 * self.STORE_RING * 64 * 64 * 2  # per consumer warpgroup
+            staging = 2 * self.STORE_RING * 64 * 64 * 2  # two consumer warpgroups' rings of 64 x 64 units
         else:
             staging = (2 if self.PINGPONG else 1) * self.BM * self.BN * 2
         epilogue = self.BM * self.BN * 4 + 16 if self.E_STAGED else 0
@@ -213,7 +215,7 @@ class Sm90Config:
         where wide_tiles_pay and every SM still gets a tile, 64 for narrow outputs, else 128.
         Ping-pong: BN 64 for narrow outputs, else 128 (a warpgroup holds the whole 128 x BN
         accumulator). STAGES: as many as fit, at most 8 (ping-pong) or 4 / 6 / 8 by BN, one
-        fewer with TMA stores."""
+        fewer with TMA stores unless they go through a store ring (STORE_RING, at BN 256)."""
         if pingpong:
             bn = 64 if n <= 64 else 128
             most, ring = 8, 0
