@@ -4,7 +4,8 @@ anything is built). One traced call after warm-up (its CUDA graph replayed, as t
 calls are; L2 flushed first), then per launch its blocks, SMs and span, and for the call: how
 many SMs were busy in each time slice, and the idle SM time in all.
 With --layer, the same for the full GLM-4.5-Air layer's backward (moe_backward, eager) at each T.
-Usage (device): PYTHONPATH=. python bench/sm_timeline.py [--bin 5] [--layer] [--detail] [--tiles] [T ...]   (default 1879 8192)"""
+Usage (device): PYTHONPATH=. python bench/sm_timeline.py [--bin 5] [--layer] [--detail] [--tiles]
+[--cfg FIELD=N ...] [T ...]   (default 1879 8192)"""
 import argparse
 import os
 
@@ -194,8 +195,14 @@ def main():
     ap.add_argument("--layer", action="store_true")
     ap.add_argument("--detail", action="store_true", help="per launch, its blocks' quantiles")
     ap.add_argument("--tiles", action="store_true", help="per GEMM, its tiles' times and counts")
+    ap.add_argument("--cfg", action="append", default=[], metavar="FIELD=N",
+                    help="an Sm90Config field forced on every Hopper GEMM (gemm.CONFIG_OVERRIDE; A/B of a scratch knob)")
     ap.add_argument("T", nargs="*", type=int, default=[1879, 8192])
     args = ap.parse_args()
+    if args.cfg:
+        from cupy_moe.gpu import gemm
+
+        gemm.CONFIG_OVERRIDE = {k: int(v) for k, v in (kv.split("=") for kv in args.cfg)}
     flush = cp.empty(256 << 20, cp.uint8)
     if args.layer:
         from cupy_moe.testing import make_moe_inputs
