@@ -473,7 +473,7 @@ def test_store_ring_gives_the_same_bits(case, monkeypatch):
     chosen = []
     choose = G.Sm90Config.choose.__func__
     monkeypatch.setattr(G.Sm90Config, "choose",
-                        classmethod(lambda cls, *a, **k: chosen.append(choose(cls, *a, **k)) or chosen[-1]))
+                        classmethod(lambda cls, *a, **flags: chosen.append(choose(cls, *a, **flags)) or chosen[-1]))
     results = []
     for ring in (0, 2):
         monkeypatch.setattr(G, "STORE_RING", ring)
