@@ -41,7 +41,7 @@ struct Plan {
   static constexpr int STORE_UNITS = HALVES * Cfg::BN / 64;
   static constexpr int RING = Cfg::STORE_RING > 0 ? Cfg::STORE_RING : STORE_UNITS;
   static constexpr int STAGING = Cfg::STAGES * STAGE_BYTES;        // per consumer warpgroup:
-  static constexpr int STAGING_BYTES = TMA_STORE ? RING * ATOM_BYTES : 0;  // its ring of units
+  static constexpr int STAGING_BYTES = TMA_STORE ? RING * ATOM_BYTES : 0;  // its units' buffers
   // SwiGLU backward with E_STAGED: the consumers leave each tile's fp32 accumulators (da') in
   // this buffer and go on with the next tile; E_WARPS epilogue warps (the producer warpgroup's
   // spare warps 1..3 and a fourth warpgroup) turn them into dg, du (and aw, dw) meanwhile,
