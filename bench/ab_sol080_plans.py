@@ -11,7 +11,8 @@ CONFIG_OVERRIDE: the same bits), wide=0|1 (sol080.WIDE_D_ACT), dyn=grouped|all|n
 (sol080.WD_PINGPONG), wgupp=auto|0|1 (sol080.WGU_PINGPONG), wdt=auto|0|1
 (sol080.WD_TRANSPOSED), sto=auto|cap|wgu-main|"" (sol080.SMALL_T_ORDER; sto= for none), wdf=auto|0|1 (sol080.WD_FIRST),
 dgs=auto|k|1 (sol080.DGRAD_SPLITS), sws=auto|N (sol080.SWIGLU_SMS), swst=N (the SwiGLU kernel's stages),
-ring=N (gemm.STORE_RING: the same bits);
+ring=N (gemm.STORE_RING: the same bits), cfg.FIELD=N (that Sm90Config field on every Hopper GEMM,
+through gemm.CONFIG_OVERRIDE);
 "base" is the defaults, e.g.
 `python bench/ab_sol080_plans.py base even=wgu wgrad=side-early pdl=0`.
 Usage (device): PYTHONPATH=. python bench/ab_sol080_plans.py [--reps 20] [--T 192,8192] VARIANT...
@@ -56,6 +57,7 @@ def main():
         sol080.SPLIT_CLUSTER = knobs.pop("scluster", "0") != "0"
         router.SUM_IN_GEMM = knobs.pop("rcluster", "1") != "0"
         gemm.CONFIG_OVERRIDE = {} if knobs.pop("packed", "1") != "0" else {"PACKED_CONTRACT": False}
+        gemm.CONFIG_OVERRIDE.update({k[4:]: int(knobs.pop(k)) for k in list(knobs) if k.startswith("cfg.")})
         gemm.DYNAMIC_TILES = knobs.pop("dyn", "grouped")
         sol080.FUSED_WGRAD = knobs.pop("fwgrad", "auto")
         sol080.WD_PINGPONG = knobs.pop("wdpp", "auto")
