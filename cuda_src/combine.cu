@@ -4,7 +4,7 @@
 #include "common/types.cuh"
 
 template <int V>
-struct Bf16x {
+struct __align__(2 * V) Bf16x {  // aligned: V = 8 moves as one 16-byte access, not 8 of 2 bytes
   bf16_t v[V];
 };
 
