@@ -98,8 +98,11 @@ extern "C" __global__ void router_topk(const float* __restrict__ logits, const f
 
 // dL/dlogits [T, E] from the routing-weight gradient dw (found per slot through row_of_slot in
 // the expert-sorted dw array), written as a bf16 pair hi + lo = fp32 value (to 2^-17): the router
-// GEMMs then run on the bf16 tensor cores with fp32-level accuracy. One thread per (t, e). hi and
-// lo lie side by side in hi_lo ([T, 2E], row t = [hi(t) | lo(t)]), the layout router.py reads.
+// GEMMs then run on the bf16 tensor cores with fp32-level accuracy. One warp per token (K <= 32,
+// router_topk's limit too): lane k holds slot k; the token's two sums over its slots run in slot
+// order on every lane, then each lane writes experts lane, lane + 32, ... (zero where no slot
+// picked them). hi and lo lie side by side in hi_lo ([T, 2E], row t = [hi(t) | lo(t)]), the layout
+// router.py reads.
 extern "C" __global__ void router_backward(const float* __restrict__ dw_sorted,
                                            const int* __restrict__ row_of_slot,
                                            const float* __restrict__ scores, const i64* __restrict__ topk_idx,
@@ -107,33 +110,46 @@ extern "C" __global__ void router_backward(const float* __restrict__ dw_sorted,
                                            int norm, float scale, bf16_t* __restrict__ hi_lo) {
   wait_prior_grids();
   TRACE_SCOPE();
-  const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= (i64)T * E) return;
-  const int t = (int)(i / E), e = (int)(i % E);
-  float dlogit = 0.f;
-  int j = -1;
-  for (int k = 0; k < K; ++k) if (topk_idx[(i64)t * K + k] == e) j = k;
-  if (j >= 0) {
-    const float* s = scores + (i64)t * E;
-    const float dwj = dw_sorted[row_of_slot[(i64)t * K + j]];
-    float ds;
-    if (norm) {
-      float denom = 0.f, dot = 0.f;
-      for (int k = 0; k < K; ++k) {
-        denom += s[topk_idx[(i64)t * K + k]];
-        dot += dw_sorted[row_of_slot[(i64)t * K + k]] * topk_w[(i64)t * K + k];
-      }
-      denom += 1e-20f;
-      ds = (scale / denom) * (dwj - dot / scale);
-    } else {
-      ds = scale * dwj;
-    }
-    dlogit = ds * s[e] * (1.f - s[e]);
+  const int lane = threadIdx.x % 32;
+  const int t = (int)(((i64)blockIdx.x * blockDim.x + threadIdx.x) / 32);
+  if (t >= T) return;  // (the same for the whole warp)
+  int ek = -1;
+  float dwk = 0.f, wk = 0.f, sk = 0.f;
+  if (lane < K) {
+    ek = (int)topk_idx[(i64)t * K + lane];
+    dwk = dw_sorted[row_of_slot[(i64)t * K + lane]];
+    wk = topk_w[(i64)t * K + lane];
+    sk = scores[(i64)t * E + ek];
   }
-  const bf16_t h = f32_to_bf16(dlogit);
-  const i64 at = (i64)t * 2 * E + e;
-  hi_lo[at] = h;
-  hi_lo[at + E] = f32_to_bf16(dlogit - bf16_to_f32(h));
+  float dl = 0.f;  // slot k's dL/dlogit, on lane k
+  if (norm) {
+    float denom = 0.f, dot = 0.f;
+    for (int k = 0; k < K; ++k) {
+      denom += __shfl_sync(0xffffffffu, sk, k);
+      dot += __shfl_sync(0xffffffffu, dwk, k) * __shfl_sync(0xffffffffu, wk, k);
+    }
+    denom += 1e-20f;
+    dl = (scale / denom) * (dwk - dot / scale);
+  } else {
+    dl = scale * dwk;
+  }
+  dl = dl * sk * (1.f - sk);
+  bf16_t* row = hi_lo + (i64)t * 2 * E;
+  for (int e0 = 0; e0 < E; e0 += 32) {
+    const unsigned here = __ballot_sync(0xffffffffu, lane < K && ek >= e0 && ek < e0 + 32);
+    float dlogit = 0.f;
+    for (unsigned m = here; m; m &= m - 1) {  // the slots that picked an expert of this chunk
+      const int k = __ffs(m) - 1;
+      const int e = __shfl_sync(0xffffffffu, ek, k);
+      const float v = __shfl_sync(0xffffffffu, dl, k);
+      if (e == e0 + lane) dlogit = v;
+    }
+    if (e0 + lane < E) {
+      const bf16_t h = f32_to_bf16(dlogit);
+      row[e0 + lane] = h;
+      row[E + e0 + lane] = f32_to_bf16(dlogit - bf16_to_f32(h));
+    }
+  }
 }
 
 // out[i] = sum of partial[s * n + i] over s = 0 .. splits - 1, in that order (deterministic): the

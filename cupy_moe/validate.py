@@ -148,6 +148,21 @@ MOE_WEIGHTS = ("router_weight", "expert_gate_weight", "expert_up_weight", "exper
                "shared_expert_gate_weight", "shared_expert_up_weight", "shared_expert_down_weight")
 
 
+# The GPU path's router kernels keep a token's top-k picks in the lanes of one warp and the kept
+# expert groups in a 64-bit mask.
+GPU_MAX_TOPK, GPU_MAX_GROUPS = 32, 64
+
+
+def gpu_config(config) -> None:
+    """The GPU path's limits on a MoEConfig (moe_forward checks them for CuPy inputs)."""
+    if config.n_group > GPU_MAX_GROUPS:
+        raise ValueError(f"config.n_group: the GPU path supports up to {GPU_MAX_GROUPS} groups, "
+                         f"got {config.n_group}")
+    if config.num_experts_per_tok > GPU_MAX_TOPK:
+        raise ValueError(f"config.num_experts_per_tok: the GPU path supports up to {GPU_MAX_TOPK} "
+                         f"experts per token, got {config.num_experts_per_tok}")
+
+
 def moe_forward_args(args: dict, config, ep_group=None):
     """Check moe_forward's arguments (a name -> value dict in signature order); returns xp."""
     from .config import MoEConfig
@@ -180,6 +195,8 @@ def moe_forward_args(args: dict, config, ep_group=None):
                 raise ValueError(f"{name}: expected an array since config.n_shared_experts = "
                                  f"{config.n_shared_experts}, got None")
     xp = array_module_of(args)
+    if xp is not np:
+        gpu_config(config)
     if ep_group is not None:
         module = "numpy" if xp is np else "cupy"
         if module not in ep_group.array_modules:

@@ -23,6 +23,14 @@ SMALL = {
 }
 
 
+def test_forward_rejects_a_config_past_the_gpu_limits():
+    import cupy as cp
+
+    cfg = MoEConfig(hidden_size=16, n_routed_experts=64, num_experts_per_tok=33, moe_intermediate_size=8)
+    with pytest.raises(ValueError, match="num_experts_per_tok: the GPU path supports up to 32"):
+        cupy_moe.moe_forward(**make_moe_inputs(cfg, 3, seed=0, xp=cp), config=cfg)
+
+
 def _check(cfg, T, routing, seed=0, tol=1e-2):
     import cupy as cp
 

@@ -1,4 +1,6 @@
 """Bad input on the NumPy path: a clear TypeError/ValueError naming the argument."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -52,6 +54,24 @@ def test_forward_config_disagreement():
         cupy_moe.moe_forward(**args, config=no_shared)
     with pytest.raises(ValueError, match="shared_expert_up_weight.*array"):
         _fwd(shared_expert_up_weight=None)
+
+
+def test_gpu_config_limits():
+    from cupy_moe import validate
+
+    at = MoEConfig(hidden_size=16, n_routed_experts=64, num_experts_per_tok=validate.GPU_MAX_TOPK,
+                   moe_intermediate_size=8)
+    validate.gpu_config(at)
+    with pytest.raises(ValueError, match="num_experts_per_tok: the GPU path supports up to 32 .* got 33"):
+        validate.gpu_config(dataclasses.replace(at, num_experts_per_tok=33))
+    many_groups = MoEConfig(hidden_size=16, n_routed_experts=256, num_experts_per_tok=2,
+                            moe_intermediate_size=8, n_group=128, topk_group=1)
+    with pytest.raises(ValueError, match="n_group: the GPU path supports up to 64 groups, got 128"):
+        validate.gpu_config(many_groups)
+    # The NumPy path has neither limit.
+    args = make_moe_inputs(dataclasses.replace(at, num_experts_per_tok=33), 3, seed=0)
+    out, _ = cupy_moe.moe_forward(**args, config=dataclasses.replace(at, num_experts_per_tok=33))
+    assert out.shape == (3, 16) and np.isfinite(out.astype(np.float32)).all()
 
 
 def test_mixed_precisions_rejected():

@@ -17,7 +17,6 @@ from . import elementwise, router, routing
 from .gemm import Segment, SwigluBackward, gemm, sm90_applies, transposed_applies
 from .side_by_side import side_by_side
 
-MAX_GROUPS = 64  # the top-k kernel passes the kept groups as a 64-bit mask
 # Each expert's dWd [H, I] as (aw^T dy)^T, stored transposed (gemm(out_transposed)): I = 1408
 # rows in 11 tiles of 128 and H = 4096 columns in 16 of 256, instead of 128 x 256 tiles over
 # n = 1408 whose last column is half empty. The same bits; the layer backward at T = 8192 10.67
@@ -25,12 +24,6 @@ MAX_GROUPS = 64  # the top-k kernel passes the kept groups as a 64-bit mask
 # (its 176 tiles then fit beside [dWsg; dWsu]'s 352 in whole rounds). CUPY_MOE_LAYER_DWD_TRANSPOSED=0
 # turns both off (the whole GPU suite passed with it on: v0.12, v0.15).
 DWD_TRANSPOSED = os.environ.get("CUPY_MOE_LAYER_DWD_TRANSPOSED", "1") != "0"
-
-
-def check_config(config) -> None:
-    if config.n_group > MAX_GROUPS:
-        raise ValueError(f"config.n_group: the GPU path supports up to {MAX_GROUPS} groups, "
-                         f"got {config.n_group}")
 
 
 def experts_forward(x_rows, offsets, num_experts, wg, wu, wd):
@@ -104,7 +97,6 @@ def shared_forward(x, wg, wu, wd):
 
 
 def forward(x, wr, bias, wg, wu, wd, wsg, wsu, wsd, config):
-    check_config(config)
     E = config.n_routed_experts
     scores, idx, w = router.forward(x, wr, bias, config)
     r = routing.sort(idx, E)

@@ -48,8 +48,7 @@ def backward_logits(dw_sorted, slot_rows, scores, idx, w, config):
     [T, 2E] array (row t = [hi(t) | lo(t)]), the layout weight_gradient reads."""
     T, E = scores.shape
     grl = cp.empty((T, 2 * E), bfloat16)
-    n = T * E
-    _launch.launch(_module(), "router_backward", (cdiv(n, 256),), (256,),
+    _launch.launch(_module(), "router_backward", (cdiv(32 * T, 256),), (256,),  # a warp per token
                    [ptr(dw_sorted), ptr(slot_rows), ptr(scores), ptr(idx), ptr(w), i32(T), i32(E),
                     i32(config.num_experts_per_tok), i32(config.norm_topk_prob),
                     f32(config.routed_scaling_factor), ptr(grl)])
