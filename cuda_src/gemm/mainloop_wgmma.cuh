@@ -212,17 +212,26 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
       #pragma unroll
       for (int b = 0; b < HV; ++b) fence_operands(acc[b]);
       wgmma_fence();
+      // Operand descriptors: the k16 step kk starts kk * 32 bytes (K-major) or kk * 2048 (MN-major)
+      // into the stage. DESC_STEP: the stage's descriptors once, and each step adds its offset / 16
+      // to their start-address field (the low 14 bits hold address / 16; shared addresses stay
+      // below 256 KB, so no carry leaves the field): the same bits with a third of the integer
+      // instructions, which the staged SwiGLU epilogue's math otherwise holds up (ncu: the
+      // descriptors' LOP3 / SHF / R2UR stalled on the math pipe ahead of each HGMMA).
+      constexpr int STEP_A = Cfg::A_KMAJOR ? 32 : 2048, STEP_B = Cfg::B_KMAJOR ? 32 : 2048;
+      constexpr u32 LBO_A = Cfg::A_KMAJOR ? 16 : ATOM_BYTES, LBO_B = Cfg::B_KMAJOR ? 16 : ATOM_BYTES;
+      auto a_desc = [&](int b, int kk) {  // b: the accumulator block, whose 64-row block of A it reads
+        const u32 at = a_tile + row_off(b) / 64 * (Cfg::A_KMAJOR ? 64 * 128 : ATOM_BYTES);
+        return Cfg::DESC_STEP ? smem_desc_sw128(at, LBO_A, 1024) + kk * (STEP_A / 16)
+                              : smem_desc_sw128(at + kk * STEP_A, LBO_A, 1024);
+      };
+      const u64 db0 = smem_desc_sw128(b_tile, LBO_B, 1024);
       #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk) {
-        const u64 db = Cfg::B_KMAJOR ? smem_desc_sw128(b_tile + kk * 32, 16, 1024)
-                                     : smem_desc_sw128(b_tile + kk * 2048, ATOM_BYTES, 1024);
+        const u64 db = Cfg::DESC_STEP ? db0 + kk * (STEP_B / 16) : smem_desc_sw128(b_tile + kk * STEP_B, LBO_B, 1024);
         #pragma unroll
-        for (int b = 0; b < HV; ++b) {
-          const int rb = row_off(b) / 64;  // the 64-row block of A
-          const u64 da = Cfg::A_KMAJOR ? smem_desc_sw128(a_tile + rb * 64 * 128 + kk * 32, 16, 1024)
-                                       : smem_desc_sw128(a_tile + rb * ATOM_BYTES + kk * 2048, ATOM_BYTES, 1024);
-          wgmma_m64k16<BN, Cfg::A_KMAJOR ? 0 : 1, Cfg::B_KMAJOR ? 0 : 1>(acc[b], da, db, 1);
-        }
+        for (int b = 0; b < HV; ++b)
+          wgmma_m64k16<BN, Cfg::A_KMAJOR ? 0 : 1, Cfg::B_KMAJOR ? 0 : 1>(acc[b], a_desc(b, kk), db, 1);
       }
       wgmma_commit();
       #pragma unroll

@@ -186,6 +186,8 @@ class Sm90Config:
     M_FASTEST: bool = False  # tiles in row-fastest order (A/B through CONFIG_OVERRIDE only)
     STORE_RING: int = 0  # C_TMA: 64 x 64 staging units per consumer warpgroup, reused as
     # their stores read them (0: one per unit of its rows)
+    DESC_STEP: bool = True  # wgmma descriptors stepped by an add per k16 step (the same bits;
+    # False: built whole at each step, the A/B path through CONFIG_OVERRIDE)
 
     BM = 128
     BK = 64
