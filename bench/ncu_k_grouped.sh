@@ -4,7 +4,8 @@
 # then the instructions with the most samples and their reasons. Its tensor pipes idle a third
 # of the time with neither L2 nor DRAM saturated, and without its epilogue it is no faster
 # (bench/NOTES.md v0.16): this says which instruction the time sits on.
-# Usage (device, ~1 min): bash bench/ncu_k_grouped.sh [k|m] (m: the routed dgrad, M-grouped, instead);
+# Usage (device, ~1 min): bash bench/ncu_k_grouped.sh [k|m|f] (m: the routed dgrad, M-grouped, instead;
+# f: the layer's fused SwiGLU dgrad, its staged epilogue warps beside the consumers);
 # logs under ${OUT:-/tmp}
 cd "$(dirname "$0")/.."
 export PYTHONPATH=. CUPY_MOE_CACHE_DIR=${CUPY_MOE_CACHE_DIR:-/tmp/cupy_moe_cache}
@@ -21,6 +22,20 @@ for _ in range(int(sys.argv[1])):
     if sys.argv[2] == 'k':
         gemm(m=m, n=n, segments=[Segment(A, m, B, n, k=rows)], a_kmajor=False, b_kmajor=False, out=C,
              ldc=n, c_group_stride=m * n, grouping='k', group_offsets=offs, num_groups=E)
+    elif sys.argv[2] == 'f':  # the layer's fused SwiGLU dgrad: da' = dy Wd per expert, M-grouped 128 x 128
+        if _ == 0:
+            from cupy_moe.gpu.gemm import SwigluBackward
+            T, K = rows // 8, 8
+            Wd = cp.random.standard_normal((E, n, m), dtype=cp.float32).astype(bfloat16)
+            gate, up, act = (cp.random.standard_normal((rows, m), dtype=cp.float32).astype(bfloat16) for _ in range(3))
+            dg, du, aw = (cp.empty((rows, m), bfloat16) for _ in range(3))
+            sw = SwigluBackward(gate=gate, up=up, dg=dg, du=du, act=act,
+                                weights=cp.random.random((T, K), dtype=cp.float32),
+                                row_index=cp.random.permutation(rows).astype(cp.int32), aw=aw,
+                                dw=cp.empty(rows, cp.float32))
+        gemm(m=rows, n=m, segments=[Segment(B, n, Wd, m, k=n, b_group_stride=n * m)], a_kmajor=True,
+             b_kmajor=False, out=None, ldc=m, epilogue='swiglu_backward', swiglu=sw, grouping='m',
+             group_offsets=offs, num_groups=E)
     else:  # the routed dgrad [dg | du] @ [Wg; Wu] per expert, M-grouped 128 x 256
         if _ == 0:
             W = cp.random.standard_normal((E, m, n), dtype=cp.float32).astype(bfloat16)
@@ -28,7 +43,7 @@ for _ in range(int(sys.argv[1])):
         gemm(m=rows, n=n, segments=[Segment(A, m, W, n, k=m, b_group_stride=m * n)] * 2, a_kmajor=True,
              b_kmajor=False, out=X, ldc=n, grouping='m', group_offsets=offs, num_groups=E)
 cp.cuda.Device().synchronize()"
-case=${1:-k}  # k: the K-grouped wgrad; m: the M-grouped routed dgrad
+case=${1:-k}  # k: the K-grouped wgrad; m: the M-grouped routed dgrad; f: the fused SwiGLU dgrad
 python3 -c "$one_launch" 1 $case  # compile outside the profiler
 rm -f "$out/k_grouped.ncu-rep"
 timeout ${NCU_TIMEOUT:-150} ncu --clock-control none --kernel-name gemm_sm90_kernel --launch-skip 1 \
