@@ -215,9 +215,9 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
       // Operand descriptors: the k16 step kk starts kk * 32 bytes (K-major) or kk * 2048 (MN-major)
       // into the stage. DESC_STEP: the stage's descriptors once, and each step adds its offset / 16
       // to their start-address field (the low 14 bits hold address / 16; shared addresses stay
-      // below 256 KB, so no carry leaves the field): the same bits with a third of the integer
-      // instructions, which the staged SwiGLU epilogue's math otherwise holds up (ncu: the
-      // descriptors' LOP3 / SHF / R2UR stalled on the math pipe ahead of each HGMMA).
+      // below 256 KB, so no carry leaves the field): the same bits with fewer integer instructions
+      // on the path to each HGMMA, where the staged SwiGLU epilogue's math holds them up (ncu: the
+      // descriptors' LOP3 / SHF / R2UR stalled on the math pipe; bench/NOTES.md v0.19).
       constexpr int STEP_A = Cfg::A_KMAJOR ? 32 : 2048, STEP_B = Cfg::B_KMAJOR ? 32 : 2048;
       constexpr u32 LBO_A = Cfg::A_KMAJOR ? 16 : ATOM_BYTES, LBO_B = Cfg::B_KMAJOR ? 16 : ATOM_BYTES;
       auto a_desc = [&](int b, int kk) {  // b: the accumulator block, whose 64-row block of A it reads

@@ -21,8 +21,7 @@ import numpy as np
 from .._arrays import bfloat16
 from ..context import MoEContext
 from ..gpu import elementwise, router, routing
-from ..gpu.layer import (backward_tail, experts_backward, experts_forward,
-                         finish_forward)
+from ..gpu.layer import backward_tail, experts_backward, experts_forward, finish_forward
 from .dispatch import DispatchPlan, plan_dispatch
 
 
