@@ -10,6 +10,7 @@ small+=' or (test_m_grouped and 136-64) or (test_k_grouped and 136-72) or (test_
 small+=' or test_gather_rows or test_routing_sort and -7- or (test_weight_gradient and 300-16)'
 small+=' or (test_single_rank_group_is_bitwise_one_gpu and random) or (test_swiglu_beside_small_shapes and 1100)'
 small+=' or test_side_by_side_equals or (test_shared_weight_gradients_side_by_side and 333)'
+small+=' or (test_f32_tma_stores_give_the_same_bits and (dense-64 or k-grouped))'
 status=0
 for tool in ${tools[@]}; do
   log=${OUT:-/tmp}/sanitize-$tool.log

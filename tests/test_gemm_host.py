@@ -27,8 +27,8 @@ def host(monkeypatch):
     monkeypatch.setattr(G._launch, "max_active_clusters", lambda *a: None)  # the driver's answer
     monkeypatch.setattr(tma, "_encoded", {})
 
-    def encode(desc, address, dims, strides, box):  # deterministic bytes per map
-        raw = repr((address, dims, strides, box)).encode()[:128].ljust(128, b"\0")
+    def encode(desc, address, dims, strides, box, dtype):  # deterministic bytes per map
+        raw = repr((address, dims, strides, box, dtype)).encode()[:128].ljust(128, b"\0")
         ctypes.memmove(ctypes.addressof(desc), raw, 128)
 
     monkeypatch.setattr(tma, "_encode", encode)
@@ -348,6 +348,31 @@ def test_no_counter_inside_a_capture_means_the_static_config(host, monkeypatch):
     assert G.GemmSm90Params.from_buffer_copy(launches[-1][4]).base.tile_counter is None
 
 
+def test_f32_results_take_tma_stores_through_the_ring(host, monkeypatch):
+    """The layer's dx_rest shape (fp32 [8192, 4096]): 128 x 256 tiles whose fp32 results leave
+    through the store ring (4 stages), with an fp32 C map of 64-row, 32-column (128-byte) boxes.
+    With F32_TMA off, or a leading dimension off 16 bytes, they leave from registers."""
+    launches, _ = host
+    maps = []
+    real = tma._encode
+    monkeypatch.setattr(tma, "_encode", lambda desc, address, dims, strides, box, dtype:
+                        maps.append((address, dims, box, dtype)) or real(desc, address, dims, strides, box, dtype))
+    a, b = _Array(0x1000_0000), _Array(0x2000_0000)
+    call = lambda out, ldc: G.gemm(m=8192, n=4096, segments=[G.Segment(a, 3072, b, 4096, k=3072)], a_kmajor=True,
+                                   b_kmajor=False, out=_Array(out), ldc=ldc, epilogue="f32")
+    call(0x9000_0000, 4096)
+    cfg = launches[-1][0][1]
+    assert (cfg.BN, cfg.C_TMA, cfg.STORE_RING, cfg.STAGES) == (256, True, 2, 4)
+    assert (0x9000_0000, (4096, 8192, 1), (32, 64, 1), "f32") in maps
+    monkeypatch.setattr(G, "F32_TMA", False)
+    call(0xA000_0000, 4096)
+    cfg = launches[-1][0][1]
+    assert (cfg.BN, cfg.C_TMA, cfg.STORE_RING, cfg.STAGES) == (256, False, 0, 4)
+    monkeypatch.setattr(G, "F32_TMA", True)
+    call(0xB000_0000, 4098)
+    assert not launches[-1][0][1].C_TMA
+
+
 def test_out_transposed_takes_wide_tiles_and_the_transposed_map(host, monkeypatch):
     """gemm(out_transposed): SOL-080's grad_Wd as (act^T g)^T, m = 1408, n = 4096, is a C_TRANS
     config of 128 x 256 tiles, and its C map describes the stored array, [n rows of m] with the
@@ -355,8 +380,8 @@ def test_out_transposed_takes_wide_tiles_and_the_transposed_map(host, monkeypatc
     launches, _ = host
     maps = []
     real = tma._encode
-    monkeypatch.setattr(tma, "_encode", lambda desc, address, dims, strides, box:
-                        maps.append((address, dims, strides)) or real(desc, address, dims, strides, box))
+    monkeypatch.setattr(tma, "_encode", lambda desc, address, dims, strides, box, dtype:
+                        maps.append((address, dims, strides)) or real(desc, address, dims, strides, box, dtype))
     act, g, out = _Array(0x1000_0000), _Array(0x2000_0000), _Array(0x9000_0000)
     G.gemm(m=1408, n=4096, segments=[G.Segment(act, 1408, g, 4096, k=8192)], a_kmajor=False,
            b_kmajor=False, out=out, ldc=1408, out_transposed=True)

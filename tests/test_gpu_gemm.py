@@ -487,6 +487,59 @@ def test_store_ring_gives_the_same_bits(case, monkeypatch):
     assert relative_error(results[1].astype(np.float32), ref) < 1e-2
 
 
+@pytest.mark.parametrize("case", ["dense-wide", "dense-128", "dense-64", "m-grouped", "k-grouped"])
+def test_f32_tma_stores_give_the_same_bits(case, monkeypatch):
+    """fp32 results through shared memory and TMA stores (gemm.F32_TMA) are those stored from
+    registers, bit for bit, every element written, against NumPy too: 128 x 256 tiles through the
+    store ring (n = 1000: a clipped last column tile), 128 and 64 wide tiles staged whole, M-grouped
+    with empty groups (tiles that straddle a group's end store from registers) and K-grouped with
+    an empty group (its zeros)."""
+    import cupy as cp
+    from cupy_moe.gpu import gemm as G
+    from cupy_moe.gpu.gemm import Segment
+
+    rng = np.random.default_rng(37)
+    if case.startswith("dense"):
+        m, n, k = {"dense-wide": (4099, 1000, 200), "dense-128": (1031, 520, 136),
+                   "dense-64": (300, 56, 72)}[case]
+        A, B = _bf16(rng, m, k), _bf16(rng, k, n)
+        ref = _f(A) @ _f(B)
+        kw = dict(m=m, n=n, segments=[Segment(cp.asarray(A), k, cp.asarray(B), n, k=k)], a_kmajor=True,
+                  b_kmajor=False, ldc=n)
+    elif case == "m-grouped":
+        Gs, m, n, k = 7, 1201, 2048, 136
+        offs = _groups(rng, Gs, m, empty=(0, 3))
+        A, W = _bf16(rng, m, k), _bf16(rng, Gs, k, n)
+        ref = np.concatenate([_f(A[offs[g]:offs[g + 1]]) @ _f(W[g]) for g in range(Gs)])
+        kw = dict(m=m, n=n, segments=[Segment(cp.asarray(A), k, cp.asarray(W), n, k=k, b_group_stride=k * n)],
+                  a_kmajor=True, b_kmajor=False, ldc=n, grouping="m", group_offsets=cp.asarray(offs),
+                  num_groups=Gs)
+    else:
+        Gs, m, n, L = 5, 264, 1024, 1001
+        offs = _groups(rng, Gs, L, empty=(2,))
+        A, B = _bf16(rng, L, m), _bf16(rng, L, n)
+        ref = np.stack([_f(A[offs[g]:offs[g + 1]]).T @ _f(B[offs[g]:offs[g + 1]]) for g in range(Gs)])
+        kw = dict(m=m, n=n, segments=[Segment(cp.asarray(A), m, cp.asarray(B), n, k=L)], a_kmajor=False,
+                  b_kmajor=False, ldc=n, c_group_stride=m * n, grouping="k", group_offsets=cp.asarray(offs),
+                  num_groups=Gs, pingpong=False)
+    out = cp.empty(ref.shape, cp.float32)
+    chosen = []
+    choose = G.Sm90Config.choose.__func__
+    monkeypatch.setattr(G.Sm90Config, "choose",
+                        classmethod(lambda cls, *a, **flags: chosen.append(choose(cls, *a, **flags)) or chosen[-1]))
+    results = []
+    for tma in (False, True):
+        monkeypatch.setattr(G, "F32_TMA", tma)
+        G._prepared.clear()  # (a launch prepared for the same addresses would skip choose())
+        out.fill(np.nan)
+        G.gemm(engine="sm90", out=out, epilogue="f32", **kw)
+        results.append(out.get())
+    assert [c.C_TMA for c in chosen] == [False, True]
+    assert not np.isnan(results[1]).any()
+    np.testing.assert_array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
+    assert relative_error(results[1], ref) < 1e-4
+
+
 @pytest.mark.parametrize("head,rows,n,k", [(128, 2816 + 128, 4096, 333), (40, 304, 264, 200), (8, 16, 72, 1)])
 def test_f32_head_and_a_segment_of_the_first_rows(head, rows, n, k):
     """gemm(f32_head) with a Segment(m=head): [A0 (all rows); A1 (the first head rows)] reduced

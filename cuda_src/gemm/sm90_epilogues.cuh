@@ -347,9 +347,9 @@ __device__ __forceinline__ void split_cluster_epilogue(const GemmSm90Params& P, 
   cluster_sync();
 }
 
-// bf16 rows of one warpgroup (its 64-row blocks) through its shared-memory staging buffer
-// (64 x 64 units, 128-byte swizzled: conflict-free writes) and TMA stores, which clip at the
-// tensor's edges. The stores run while the warpgroup goes on with its next tile. The units go in
+// The bf16 or fp32 rows of one warpgroup (its 64-row blocks) through its shared-memory staging
+// buffer (units of 64 rows of 128 bytes, swizzled: conflict-free writes) and TMA stores, which
+// clip at the tensor's edges. The stores run while the warpgroup goes on with its next tile. The units go in
 // batches: all at once, or with a ring (Plan::RING) half of it at a time, each batch's buffers
 // reused once the stores of the batch before the last have read them. row_off: the first block's row.
 template <class Cfg>
@@ -357,7 +357,7 @@ __device__ __forceinline__ void store_tile_tma(const GemmSm90Params& P, const Ti
                                                const float (&acc)[Plan<Cfg>::HALVES][Cfg::BN / 2],
                                                u8* staging, int row_off, int wg, int tid) {
   using L = Plan<Cfg>;
-  constexpr int ATOMS = Cfg::BN / 64, UNITS = L::STORE_UNITS;
+  constexpr int ATOMS = Cfg::BN / L::UNIT_COLS, UNITS = L::STORE_UNITS;  // units per 64-row block, all
   constexpr int BATCH = Cfg::STORE_RING > 0 ? L::RING / 2 : UNITS;
   const int warp = tid / 32, lane = tid % 32;
   #pragma unroll
@@ -388,6 +388,18 @@ __device__ __forceinline__ void store_tile_tma(const GemmSm90Params& P, const Ti
                             pack_bf16x2(acc[b][4 * j + 4], acc[b][4 * j + 5]),
                             pack_bf16x2(acc[b][4 * j + 6], acc[b][4 * j + 7]));
         }
+      } else if constexpr (L::C_BYTES == 4) {
+        // fp32: the unit's 32 columns are the 8-column blocks j = 4 a .. 4 a + 3, each two 16-byte
+        // chunks of a row; a thread's pair of columns is 8 bytes of chunk 2 (j % 4) + lane % 4 / 2.
+        #pragma unroll
+        for (int j = 4 * a; j < 4 * a + 4; ++j) {
+          #pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int r = 16 * warp + lane / 4 + 8 * h, chunk = 2 * (j % 4) + (lane % 4) / 2;
+            u8* dst = unit + r * 128 + ((chunk ^ (r % 8)) << 4) + 8 * (lane % 2);
+            *(float2*)dst = make_float2(acc[b][4 * j + 2 * h], acc[b][4 * j + 2 * h + 1]);
+          }
+        }
       } else {
         #pragma unroll
         for (int j = 8 * a; j < 8 * a + 8; ++j) {
@@ -408,7 +420,8 @@ __device__ __forceinline__ void store_tile_tma(const GemmSm90Params& P, const Ti
       for (int u = first; u < first + BATCH; ++u) {
         const int b = u / ATOMS, a = u % ATOMS;
         const u8* unit = staging + (u % L::RING) * ATOM_BYTES;
-        const int row = tc.m0 + row_off + 64 * b - (Cfg::ROW_SPLIT ? P.base.c2_rows : 0), col = tc.n0 + 64 * a;
+        const int row = tc.m0 + row_off + 64 * b - (Cfg::ROW_SPLIT ? P.base.c2_rows : 0),
+                  col = tc.n0 + L::UNIT_COLS * a;
         if constexpr (Cfg::C_TRANS)  // the map is C^T's: (result rows, result columns) = (its columns, rows)
           tma_store_3d(&P.tma_c, unit, row, col, group);
         else

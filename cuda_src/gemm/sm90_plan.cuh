@@ -27,18 +27,20 @@ struct Plan {
   // the layer's [1408 x 4096] per-expert weight gradient at random routing 1460 -> 1298 us
   // (64-aligned groups: 1217; bench/k_grouped_align.py, bench/NOTES.md v0.14).
   static constexpr bool SHIFT_LAST = MASK_A;
-  static constexpr bool TMA_STORE = Cfg::C_TMA;  // bf16 output with 16-byte aligned strides
+  static constexpr bool TMA_STORE = Cfg::C_TMA;  // bf16 or fp32 output with 16-byte aligned strides
   static constexpr int A_BYTES = BM * BK * 2, B_BYTES = Cfg::BN * BK * 2;
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
   static constexpr u32 TMA_BYTES = (CPA_A ? 0 : A_BYTES) + (CPA_B ? 0 : B_BYTES);
   static constexpr bool PINGPONG = Cfg::PINGPONG;
   static constexpr int HALVES = PINGPONG ? 2 : 1;     // 64-row accumulator blocks per warpgroup
   static constexpr int WG_ROWS = 64 * HALVES;
-  // A consumer warpgroup's bf16 results leave through shared memory in 64-column units of 64 rows
-  // (8 KB, one TMA box each): all its units at once, or (Cfg::STORE_RING) through a ring of that
-  // many units, a unit's buffer reused once the TMA store before has read it. The ring's 32 KB
-  // instead of 64 let a 128 x 256 tile keep a 4th stage.
-  static constexpr int STORE_UNITS = HALVES * Cfg::BN / 64;
+  // A consumer warpgroup's results leave through shared memory in units of 64 rows of 128 bytes
+  // (64 bf16 or 32 fp32 columns; 8 KB, one TMA box each): all its units at once, or
+  // (Cfg::STORE_RING) through a ring of that many units, a unit's buffer reused once the TMA store
+  // before has read it. The ring's 32 KB instead of 64 let a 128 x 256 tile keep a 4th stage.
+  static constexpr int C_BYTES = Cfg::EPILOGUE == kStoreF32 ? 4 : 2;
+  static constexpr int UNIT_COLS = 128 / C_BYTES;
+  static constexpr int STORE_UNITS = HALVES * Cfg::BN / UNIT_COLS;
   static constexpr int RING = Cfg::STORE_RING > 0 ? Cfg::STORE_RING : STORE_UNITS;
   static constexpr int STAGING = Cfg::STAGES * STAGE_BYTES;        // per consumer warpgroup:
   static constexpr int STAGING_BYTES = TMA_STORE ? RING * ATOM_BYTES : 0;  // its units' buffers
@@ -73,7 +75,9 @@ struct Plan {
   static_assert(Cfg::BN == 64 || Cfg::BN == 128 || Cfg::BN == 256, "BN");
   static_assert(!PINGPONG || Cfg::BN <= 128, "a ping-pong warpgroup holds 128 x BN accumulators");
   static_assert(MAX_SEGMENTS >= 1, "segments");
-  static_assert(!Cfg::C_TMA || Cfg::EPILOGUE == kStoreBf16, "TMA stores carry bf16 results");
+  static_assert(!Cfg::C_TMA || Cfg::EPILOGUE == kStoreBf16 ||
+                (Cfg::EPILOGUE == kStoreF32 && !Cfg::C_TRANS && !Cfg::SPLIT_K && !PINGPONG),
+                "TMA stores carry bf16 results, or fp32 ones of whole cooperative tiles");
   static_assert(Cfg::STORE_RING == 0 || (Cfg::C_TMA && STORE_UNITS % Cfg::STORE_RING == 0 &&
                                           Cfg::STORE_RING % 2 == 0 && Cfg::STORE_RING < STORE_UNITS),
                 "a store ring: an even count of units that divides the warpgroup's, fewer than all");

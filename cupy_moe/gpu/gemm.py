@@ -19,7 +19,7 @@ from typing import Sequence
 
 from .. import _build, _launch
 from .._launch import cdiv
-from .tma import TmaDesc, encode_bf16
+from .tma import TmaDesc, encode
 
 MAX_SEGMENTS = 4
 # Which way the Hopper loop's consumer warpgroups share tiles: "auto" (ping-pong for K-grouped
@@ -46,6 +46,10 @@ CONFIG_OVERRIDE: dict = {}
 # summed over DSMEM before the epilogue (Cfg::SPLIT_CLUSTER). 0: the fp32 pieces go through
 # global memory and the caller's kernel instead (A/B; see gpu/sol080.py).
 SPLIT_CLUSTER = os.environ.get("CUPY_MOE_SPLIT_CLUSTER", "1") != "0"
+# fp32 results (epilogue 'f32': the layer's dx_rest) leave through shared memory and TMA stores, as
+# bf16 ones do, instead of from registers (4.5 us a 128 x 256 tile, the tensor cores idle).
+# CUPY_MOE_F32_TMA=0: from registers (A/B; the same bits).
+F32_TMA = os.environ.get("CUPY_MOE_F32_TMA", "1") != "0"
 # Which Hopper launches claim their tiles as the CTAs go (an atomic counter pair per launch,
 # cuda_src/gemm/tile_feed.cuh) instead of each CTA taking every gridDim-th tile: "grouped" (M- and
 # K-grouped GEMMs, whose tiles differ in cost at the experts' ends: +1-6% on the grouped GEMM
@@ -205,7 +209,7 @@ class Sm90Config:
         elif self.STORE_RING:
             staging = 2 * self.STORE_RING * 64 * 64 * 2  # two consumer warpgroups' rings of 64 x 64 units
         else:
-            staging = (2 if self.PINGPONG else 1) * self.BM * self.BN * 2
+            staging = (2 if self.PINGPONG else 1) * self.BM * self.BN * (4 if self.EPILOGUE == EPILOGUES["f32"] else 2)
         epilogue = self.BM * self.BN * 4 + 16 if self.E_STAGED else 0
         feed = 4 * (4 + 8 + 8) + 16  # TileFeed: 4 slots, their full and empty barriers, 1 int
         return 1024 + self.STAGES * (stage + 16) + staging + epilogue + 16 + feed + 4 * (num_groups + 1)
@@ -395,7 +399,8 @@ def prepare(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_km
 
     opt = lambda a: 0 if a is None else _addr(a)
     sw = swiglu if epilogue == "swiglu_backward" else None
-    key = (cupy.cuda.Device().id, PINGPONG, STAGED_EPILOGUE, DYNAMIC_TILES, STORE_RING, tuple(sorted(CONFIG_OVERRIDE.items())),
+    key = (cupy.cuda.Device().id, PINGPONG, STAGED_EPILOGUE, DYNAMIC_TILES, STORE_RING, F32_TMA,
+           tuple(sorted(CONFIG_OVERRIDE.items())),
            m, n, a_kmajor, b_kmajor, opt(out), ldc, epilogue, grouping, opt(group_offsets),
            num_groups, c_group_stride, opt(gather_a), opt(gather_b), gather_div, engine, k_splits,
            cancel, even_rounds, wide, sum_groups_and_halves,
@@ -597,12 +602,16 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
                   max_ctas=0) -> _Launch:
     sms = device_sms()
     m_tiles = cdiv(m, Sm90Config.BM) + (num_groups if grouping == "m" else 0)
-    c_tma = (flags["EPILOGUE"] == EPILOGUES["bf16"] and p.ldc % 8 == 0 and p.c_group_stride % 8 == 0)
     c_rows = m - p.c2_rows  # the bf16 result's rows (all of them without a row split)
     if pingpong is None and PINGPONG == "auto":
         pingpong = grouping == "k" and not wide_tiles_pay(n, GROUPINGS[grouping])
     elif pingpong is None:
         pingpong = bool(PINGPONG)
+    # TMA stores need 16-byte rows and group strides; fp32 ones whole cooperative tiles, unsplit.
+    f32_out = flags["EPILOGUE"] == EPILOGUES["f32"]
+    c_tma = (flags["EPILOGUE"] == EPILOGUES["bf16"] and p.ldc % 8 == 0 and p.c_group_stride % 8 == 0
+             or F32_TMA and f32_out and not pingpong and k_splits == 1 and p.ldc % 4 == 0
+             and p.c_group_stride % 4 == 0)
     # Split-K pieces summed in the kernel (bf16 / SwiGLU results), or K-groups and row halves
     # (sum_groups_and_halves): a cluster per output tile.
     cluster = k_splits > 1 and flags["EPILOGUE"] != EPILOGUES["f32"] or halves
@@ -628,8 +637,8 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
         c_groups = num_groups if grouping == "k" else 1
         # The map is the stored array's: C's, or with C_TRANS C^T's (n rows of m).
         cols, rows = (m, n) if cfg.C_TRANS else (n, c_rows)
-        encode_bf16(P.tma_c, p.c, (cols, rows, c_groups),
-                    (p.ldc, p.c_group_stride if c_groups > 1 else p.ldc * rows), (64, 64, 1))
+        encode(P.tma_c, p.c, (cols, rows, c_groups), (p.ldc, p.c_group_stride if c_groups > 1 else p.ldc * rows),
+               (32 if f32_out else 64, 64, 1), "f32" if f32_out else "bf16")  # a box: 64 rows of 128 bytes
     copy_a, copy_b = cfg.GATHER_A, cfg.GATHER_B
     groups = num_groups if grouping == "m" else 1
     for i, s in enumerate(segments):
@@ -639,12 +648,12 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
             rows = s.m or m  # rows past a segment's own read as zeros
             dims = (s.k, rows) if cfg.A_KMAJOR else (rows, s.k)
             box = (64, cfg.BM) if cfg.A_KMAJOR else (64, 64)
-            encode_bf16(P.tma_a[i], _addr(s.a), dims + (1,), (s.lda, s.lda * dims[1]), box + (1,))
+            encode(P.tma_a[i], _addr(s.a), dims + (1,), (s.lda, s.lda * dims[1]), box + (1,))
         if not copy_b:
             dims = (s.k, n) if cfg.B_KMAJOR else (n, s.k)
             box = (64, cfg.BN) if cfg.B_KMAJOR else (64, 64)
             gstride = s.b_group_stride if groups > 1 else s.ldb * dims[1]
-            encode_bf16(P.tma_b[i], _addr(s.b), dims + (groups,), (s.ldb, gstride), box + (1,))
+            encode(P.tma_b[i], _addr(s.b), dims + (groups,), (s.ldb, gstride), box + (1,))
     tiles_n = cdiv(n, cfg.BN)
     if grouping == "k":
         tiles = num_groups * cdiv(m, cfg.BM) * tiles_n
@@ -823,4 +832,11 @@ def example_sm90_configs():
     # The row-fastest tile order (A/B: bench/d_act_layouts.py's Wd^T g^T).
     out.append(Sm90Config.choose(11, 8192, 132, 0, False, wide=True, A_KMAJOR=False, B_KMAJOR=True,
                                  C_TMA=True, M_FASTEST=True))
+    # fp32 results by TMA stores (F32_TMA): the layer's dx_rest (128 x 256 through the ring), a
+    # 128-wide tile staged whole, M-grouped and K-grouped.
+    for m_tiles, n, groups, flags in ((64, 4096, 0, dict(A_KMAJOR=True, B_KMAJOR=False)),
+                                      (64, 1408, 0, dict(A_KMAJOR=True, B_KMAJOR=False)),
+                                      (600, 4096, 128, dict(A_KMAJOR=True, B_KMAJOR=False, GROUPING=1, DYNAMIC=True)),
+                                      (11, 4096, 0, dict(A_KMAJOR=False, B_KMAJOR=False, GROUPING=2, DYNAMIC=True))):
+        out.append(Sm90Config.choose(m_tiles, n, 132, groups, False, EPILOGUE=1, C_TMA=True, **flags))
     return out
