@@ -171,22 +171,14 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
       }
       if (i > 0) mbar_wait(&turn[wg], (mine - (wg == 0)) & 1);
     }
+    #pragma unroll
+    for (int b = 0; b < HV; ++b)
+      #pragma unroll
+      for (int j = 0; j < BN / 2; ++j) acc[b][j] = 0.f;
     // A cooperative warpgroup whose 64 rows all lie past an expert's end or past m (the last tile
     // of a group) issues no MMAs: the other one then has the tensor cores to itself. (K-grouped
     // tiles keep both: their masking is a barrier of the two.)
     const bool idle = Cfg::GROUPING != kKGrouped && !L::PINGPONG && tc.m0 + 64 * wg >= tc.m_hi;
-    // ZERO_BY_MMA: the tile's first MMAs overwrite the accumulators (scale_d = 0), so the 128
-    // register writes a thread would spend zeroing them stay off the tile switch, where the
-    // tensor pipes wait for them. A tile without MMAs (an empty K-group, an idle warpgroup)
-    // still zeroes them: its results are zeros, and the staged epilogues read every row. (Not
-    // with the SwiGLU epilogue on ping-pong consumers: there ptxas then spills.)
-    constexpr bool zero_by_mma = Cfg::ZERO_BY_MMA && !(L::PINGPONG && Cfg::EPILOGUE == kSwigluBackward);
-    if (!zero_by_mma || nk == 0 || idle) {
-      #pragma unroll
-      for (int b = 0; b < HV; ++b)
-        #pragma unroll
-        for (int j = 0; j < BN / 2; ++j) acc[b][j] = 0.f;
-    }
     TRACE_TILE_BEGIN();
     int prev = -1;
     // K-grouped: the k-tile's rank within its segment's run over the group's lines (a counter:
@@ -249,8 +241,7 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
               ? da0[b] + kk * (STEP_A / 16)
               : smem_desc_sw128(a_tile + row_off(b) / 64 * (Cfg::A_KMAJOR ? 64 * 128 : ATOM_BYTES) + kk * STEP_A,
                                 LBO_A, 1024);
-          wgmma_m64k16<BN, Cfg::A_KMAJOR ? 0 : 1, Cfg::B_KMAJOR ? 0 : 1>(acc[b], da, db,
-                                                                        !zero_by_mma || kk > 0 || kt > 0);
+          wgmma_m64k16<BN, Cfg::A_KMAJOR ? 0 : 1, Cfg::B_KMAJOR ? 0 : 1>(acc[b], da, db, 1);
         }
       }
       wgmma_commit();

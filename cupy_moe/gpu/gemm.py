@@ -194,8 +194,6 @@ class Sm90Config:
     # False: built whole at each step, the A/B path through CONFIG_OVERRIDE)
     DESC_EARLY: bool = True  # DESC_STEP's per-stage descriptors before the stage's barrier wait, so
     # the first HGMMA issues as the data lands (the same bits; wgrad -4%, routed dgrad -3%, NOTES v0.20)
-    ZERO_BY_MMA: bool = True  # a tile's first MMAs overwrite its accumulators (scale_d = 0) instead of
-    # 128 register writes a thread at each tile switch (the same bits)
 
     BM = 128
     BK = 64
