@@ -185,26 +185,7 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
     // a runtime modulo here was ~4% of the wgrad's stall samples, ahead of every k-step's MMAs).
     const int seg_tiles = (tc.k_hi - tc.k_lo + BK - 1) / BK;
     int kin = 0;
-    // Operand descriptors: the k16 step kk starts kk * 32 bytes (K-major) or kk * 2048 (MN-major)
-    // into the stage. DESC_STEP: the stage's descriptors once, and each step adds its offset / 16
-    // to their start-address field (the low 14 bits hold address / 16; shared addresses stay
-    // below 256 KB, so no carry leaves the field): the same bits with fewer integer instructions
-    // on the path to each HGMMA, where the staged SwiGLU epilogue's math holds them up (ncu: the
-    // descriptors' LOP3 / SHF / R2UR stalled on the math pipe; bench/NOTES.md v0.19). DESC_EARLY:
-    // the stage's descriptors before its barrier wait (they depend on the stage alone), so the
-    // first MMA issues as soon as the data is there.
-    constexpr int STEP_A = Cfg::A_KMAJOR ? 32 : 2048, STEP_B = Cfg::B_KMAJOR ? 32 : 2048;
-    constexpr u32 LBO_A = Cfg::A_KMAJOR ? 16 : ATOM_BYTES, LBO_B = Cfg::B_KMAJOR ? 16 : ATOM_BYTES;
-    auto stage_descs = [&](int s, u64 (&da0)[HV], u64& db0) {
-      const u32 a_tile = smem_addr(smem + s * L::STAGE_BYTES);
-      #pragma unroll
-      for (int b = 0; b < HV; ++b)  // accumulator block b reads A's 64-row block row_off(b) / 64
-        da0[b] = smem_desc_sw128(a_tile + row_off(b) / 64 * (Cfg::A_KMAJOR ? 64 * 128 : ATOM_BYTES), LBO_A, 1024);
-      db0 = smem_desc_sw128(a_tile + L::A_BYTES, LBO_B, 1024);
-    };
     for (int kt = 0; kt < nk; ++kt) {
-      u64 da0[HV], db0;
-      if constexpr (Cfg::DESC_EARLY) stage_descs(stage, da0, db0);
       mbar_wait(&full[stage], phase);
       if (kt == 0) TRACE_FIRST_WAIT(tid == 0 && (L::PINGPONG || wg == 0), t);
       if (idle) {
@@ -226,23 +207,31 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
           else mask_lines<Cfg>(st, first, BK - valid, !shifted, tid + 128 * wg, 256, 1);
         }
       }
-      if constexpr (!Cfg::DESC_EARLY) stage_descs(stage, da0, db0);
       const u32 a_tile = smem_addr(smem + stage * L::STAGE_BYTES);
       const u32 b_tile = a_tile + L::A_BYTES;
       #pragma unroll
       for (int b = 0; b < HV; ++b) fence_operands(acc[b]);
       wgmma_fence();
+      // Operand descriptors: the k16 step kk starts kk * 32 bytes (K-major) or kk * 2048 (MN-major)
+      // into the stage. DESC_STEP: the stage's descriptors once, and each step adds its offset / 16
+      // to their start-address field (the low 14 bits hold address / 16; shared addresses stay
+      // below 256 KB, so no carry leaves the field): the same bits with fewer integer instructions
+      // on the path to each HGMMA, where the staged SwiGLU epilogue's math holds them up (ncu: the
+      // descriptors' LOP3 / SHF / R2UR stalled on the math pipe; bench/NOTES.md v0.19).
+      constexpr int STEP_A = Cfg::A_KMAJOR ? 32 : 2048, STEP_B = Cfg::B_KMAJOR ? 32 : 2048;
+      constexpr u32 LBO_A = Cfg::A_KMAJOR ? 16 : ATOM_BYTES, LBO_B = Cfg::B_KMAJOR ? 16 : ATOM_BYTES;
+      auto a_desc = [&](int b, int kk) {  // b: the accumulator block, whose 64-row block of A it reads
+        const u32 at = a_tile + row_off(b) / 64 * (Cfg::A_KMAJOR ? 64 * 128 : ATOM_BYTES);
+        return Cfg::DESC_STEP ? smem_desc_sw128(at, LBO_A, 1024) + kk * (STEP_A / 16)
+                              : smem_desc_sw128(at + kk * STEP_A, LBO_A, 1024);
+      };
+      const u64 db0 = smem_desc_sw128(b_tile, LBO_B, 1024);
       #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk) {
         const u64 db = Cfg::DESC_STEP ? db0 + kk * (STEP_B / 16) : smem_desc_sw128(b_tile + kk * STEP_B, LBO_B, 1024);
         #pragma unroll
-        for (int b = 0; b < HV; ++b) {
-          const u64 da = Cfg::DESC_STEP
-              ? da0[b] + kk * (STEP_A / 16)
-              : smem_desc_sw128(a_tile + row_off(b) / 64 * (Cfg::A_KMAJOR ? 64 * 128 : ATOM_BYTES) + kk * STEP_A,
-                                LBO_A, 1024);
-          wgmma_m64k16<BN, Cfg::A_KMAJOR ? 0 : 1, Cfg::B_KMAJOR ? 0 : 1>(acc[b], da, db, 1);
-        }
+        for (int b = 0; b < HV; ++b)
+          wgmma_m64k16<BN, Cfg::A_KMAJOR ? 0 : 1, Cfg::B_KMAJOR ? 0 : 1>(acc[b], a_desc(b, kk), db, 1);
       }
       wgmma_commit();
       #pragma unroll

@@ -192,8 +192,6 @@ class Sm90Config:
     # their stores read them (0: one per unit of its rows)
     DESC_STEP: bool = True  # wgmma descriptors stepped by an add per k16 step (the same bits;
     # False: built whole at each step, the A/B path through CONFIG_OVERRIDE)
-    DESC_EARLY: bool = True  # DESC_STEP's per-stage descriptors before the stage's barrier wait, so
-    # the first HGMMA issues as the data lands (the same bits; wgrad -4%, routed dgrad -3%, NOTES v0.20)
 
     BM = 128
     BK = 64
