@@ -1,5 +1,6 @@
 """A/B of the layer backward's knobs in one process: each variant interleaved over --rounds, L2
-flushed, median of --reps (ms); each variant's gradients against the first's (relative error).
+flushed, median of --reps (ms), the variants' order rotated each round; each variant's gradients
+against the first's (relative error).
 A variant is a comma list of knob=value: dwdt=0|1 (gpu.layer.DWD_TRANSPOSED), sbs=0|1 (the
 shared expert's weight gradients side by side: gpu.side_by_side.MIN_GAIN_STEPS), ring=N
 (gpu.gemm.STORE_RING), f32tma=0|1 (gpu.gemm.F32_TMA), cfg.FIELD=N (gpu.gemm.CONFIG_OVERRIDE: that Sm90Config field on every
@@ -50,8 +51,10 @@ def main():
         print(f"{v}: worst relative error against {args.variants[0]}: {worst:.2e}")
         assert worst < 1e-2
     times = {v: [] for v in args.variants}
-    for _ in range(args.rounds):
-        for v in args.variants:
+    n = len(args.variants)
+    for r in range(args.rounds):
+        # Each variant leads in turn: under the power cap the first of a round gains ~3% (NOTES v0.20).
+        for v in args.variants[r % n:] + args.variants[:r % n]:
             use(v)
             times[v].append(measure(lambda: cupy_moe.moe_backward(dy, ctx), warmup=2) / 1e3)
     print(f"layer backward T = {args.T}, ms (median of {args.reps} per round):")
