@@ -1,6 +1,7 @@
 """A/B of SOL-080 plan knobs in one process: every variant on every workload, interleaved per
 workload (two rounds; the variants' order rotated per round and workload), L2 flushed, median of
---reps; each variant's outputs must equal the first variant's bit for bit (the knobs move launches between streams and SMs, never the arithmetic).
+--reps; each variant's outputs must equal the first variant's bit for bit (the knobs move
+launches between streams and SMs, never the arithmetic).
 
 A variant is a comma list of knob=value: even=wd+wgu+dgrad (sol080.EVEN_ROUNDS), wgrad=auto|side|
 side-early|early (sol080.WGRAD_AT), pdl=0|1 (_launch.PDL), stack=0|1 (router.STACKED),

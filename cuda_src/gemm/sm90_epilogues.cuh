@@ -349,9 +349,10 @@ __device__ __forceinline__ void split_cluster_epilogue(const GemmSm90Params& P, 
 
 // The bf16 or fp32 rows of one warpgroup (its 64-row blocks) through its shared-memory staging
 // buffer (units of 64 rows of 128 bytes, swizzled: conflict-free writes) and TMA stores, which
-// clip at the tensor's edges. The stores run while the warpgroup goes on with its next tile. The units go in
-// batches: all at once, or with a ring (Plan::RING) half of it at a time, each batch's buffers
-// reused once the stores of the batch before the last have read them. row_off: the first block's row.
+// clip at the tensor's edges. The stores run while the warpgroup goes on with its next tile.
+// The units go in batches: all at once, or with a ring (Plan::RING) half of it at a time, each
+// batch's buffers reused once the stores of the batch before the last have read them. row_off:
+// the first block's row.
 template <class Cfg>
 __device__ __forceinline__ void store_tile_tma(const GemmSm90Params& P, const Tile& tc,
                                                const float (&acc)[Plan<Cfg>::HALVES][Cfg::BN / 2],
