@@ -183,6 +183,30 @@ def _groups(rng, G, total, empty=()):
     return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
 
 
+def _m_grouped(rng, offs, n, k):
+    """A random M-grouped problem over the row segments offs (A, then the groups' W drawn from
+    rng): its NumPy reference and gemm()'s keywords but out."""
+    import cupy as cp
+    from cupy_moe.gpu.gemm import Segment
+
+    Gs, rows = len(offs) - 1, int(offs[-1])
+    A, W = _bf16(rng, rows, k), _bf16(rng, Gs, k, n)
+    ref = np.concatenate([_f(A[offs[g]:offs[g + 1]]) @ _f(W[g]) for g in range(Gs)])
+    kw = dict(m=rows, n=n, segments=[Segment(cp.asarray(A), k, cp.asarray(W), n, k=k, b_group_stride=k * n)],
+              a_kmajor=True, b_kmajor=False, ldc=n, grouping="m", group_offsets=cp.asarray(offs),
+              num_groups=Gs)
+    return ref, kw
+
+
+def _record_choices(monkeypatch, G):
+    """Sm90Config.choose() patched to append every config it returns to the list this returns."""
+    chosen = []
+    choose = G.Sm90Config.choose.__func__
+    monkeypatch.setattr(G.Sm90Config, "choose",
+                        classmethod(lambda cls, *a, **flags: chosen.append(choose(cls, *a, **flags)) or chosen[-1]))
+    return chosen
+
+
 @pytest.mark.parametrize("n,k", [(136, 64), (24, 40), (9, 5), (264, 200)])
 @pytest.mark.parametrize("b_kmajor", [True, False])
 @pytest.mark.parametrize("gather", [True, False])
@@ -448,17 +472,13 @@ def test_store_ring_gives_the_same_bits(case, monkeypatch):
         kw = dict(m=m, n=n, segments=[Segment(cp.asarray(A), k, cp.asarray(B), k, k=k)], a_kmajor=True,
                   b_kmajor=True, out=out, ldc=n)
     elif case in ("m-grouped", "m-one-group"):
-        Gs, rows, n, k = 7, 1201, 2048, 136
+        rows = 1201
         if case == "m-grouped":
-            offs = _groups(rng, Gs, rows, empty=(0, 3))
+            offs = _groups(rng, 7, rows, empty=(0, 3))
         else:
             offs = np.array([0, 0, 0, rows, rows, rows, rows, rows], np.int32)
-        A, W = _bf16(rng, rows, k), _bf16(rng, Gs, k, n)
-        ref = np.concatenate([_f(A[offs[g]:offs[g + 1]]) @ _f(W[g]) for g in range(Gs)])
-        out = cp.empty((rows, n), bfloat16)
-        kw = dict(m=rows, n=n, segments=[Segment(cp.asarray(A), k, cp.asarray(W), n, k=k, b_group_stride=k * n)],
-                  a_kmajor=True, b_kmajor=False, out=out, ldc=n, grouping="m", group_offsets=cp.asarray(offs),
-                  num_groups=Gs)
+        ref, kw = _m_grouped(rng, offs, 2048, 136)
+        out = kw["out"] = cp.empty(ref.shape, bfloat16)
     else:
         Gs, m, n, L = 5, 2816, 1408, 1001
         offs = _groups(rng, Gs, L, empty=(2,))
@@ -470,10 +490,7 @@ def test_store_ring_gives_the_same_bits(case, monkeypatch):
         kw = dict(m=m, n=n, segments=[Segment(cp.asarray(A), m, cp.asarray(B), n, k=L)], a_kmajor=False,
                   b_kmajor=False, out=out, ldc=ref.shape[2], c_group_stride=m * n, grouping="k",
                   group_offsets=cp.asarray(offs), num_groups=Gs, out_transposed=case == "k-transposed")
-    chosen = []
-    choose = G.Sm90Config.choose.__func__
-    monkeypatch.setattr(G.Sm90Config, "choose",
-                        classmethod(lambda cls, *a, **flags: chosen.append(choose(cls, *a, **flags)) or chosen[-1]))
+    chosen = _record_choices(monkeypatch, G)
     results = []
     for ring in (0, 2):
         monkeypatch.setattr(G, "STORE_RING", ring)
@@ -507,13 +524,7 @@ def test_f32_tma_stores_give_the_same_bits(case, monkeypatch):
         kw = dict(m=m, n=n, segments=[Segment(cp.asarray(A), k, cp.asarray(B), n, k=k)], a_kmajor=True,
                   b_kmajor=False, ldc=n)
     elif case == "m-grouped":
-        Gs, m, n, k = 7, 1201, 2048, 136
-        offs = _groups(rng, Gs, m, empty=(0, 3))
-        A, W = _bf16(rng, m, k), _bf16(rng, Gs, k, n)
-        ref = np.concatenate([_f(A[offs[g]:offs[g + 1]]) @ _f(W[g]) for g in range(Gs)])
-        kw = dict(m=m, n=n, segments=[Segment(cp.asarray(A), k, cp.asarray(W), n, k=k, b_group_stride=k * n)],
-                  a_kmajor=True, b_kmajor=False, ldc=n, grouping="m", group_offsets=cp.asarray(offs),
-                  num_groups=Gs)
+        ref, kw = _m_grouped(rng, _groups(rng, 7, 1201, empty=(0, 3)), 2048, 136)
     else:
         Gs, m, n, L = 5, 264, 1024, 1001
         offs = _groups(rng, Gs, L, empty=(2,))
@@ -523,10 +534,7 @@ def test_f32_tma_stores_give_the_same_bits(case, monkeypatch):
                   b_kmajor=False, ldc=n, c_group_stride=m * n, grouping="k", group_offsets=cp.asarray(offs),
                   num_groups=Gs, pingpong=False)
     out = cp.empty(ref.shape, cp.float32)
-    chosen = []
-    choose = G.Sm90Config.choose.__func__
-    monkeypatch.setattr(G.Sm90Config, "choose",
-                        classmethod(lambda cls, *a, **flags: chosen.append(choose(cls, *a, **flags)) or chosen[-1]))
+    chosen = _record_choices(monkeypatch, G)
     results = []
     for tma in (False, True):
         monkeypatch.setattr(G, "F32_TMA", tma)
