@@ -19,11 +19,11 @@
 // the consumers zero those lines of TMA-loaded operands before the MMA (so another expert's
 // Inf or NaN never leaks in). bf16 results, and fp32 ones of cooperative tiles, leave through
 // shared memory and TMA stores that overlap the next tile's main loop; the others and M-grouped
-// tiles that straddle a group's end are stored from registers. The fused SwiGLU backward (E_STAGED) leaves each tile's fp32
-// accumulators in shared memory for seven epilogue warps, which read gate/up/act and write the
-// gradients while the consumers run the next tile's main loop (done by the consumers themselves,
-// it left the tensor cores idle for a third of the kernel). Cfg fields as in mainloop_mma.cuh,
-// plus BN, STAGES, C_TMA, PINGPONG and E_STAGED.
+// tiles that straddle a group's end are stored from registers. The fused SwiGLU backward
+// (E_STAGED) leaves each tile's fp32 accumulators in shared memory for seven epilogue warps,
+// which read gate/up/act and write the gradients while the consumers run the next tile's main
+// loop (done by the consumers themselves, it left the tensor cores idle for a third of the
+// kernel). Cfg fields as in mainloop_mma.cuh, plus BN, STAGES, C_TMA, PINGPONG and E_STAGED.
 #pragma once
 #include "sm90_plan.cuh"
 #include "sm90_loads.cuh"
