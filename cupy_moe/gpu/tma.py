@@ -38,7 +38,7 @@ def _encode_tiled():
     return fn
 
 
-_encoded = {}  # (address, dims, strides, box) -> encoded bytes: repeated calls skip the driver
+_encoded = {}  # (address, dims, strides, box, dtype) -> encoded bytes: repeated calls skip the driver
 
 
 def encode(desc, address: int, dims, strides, box, dtype: str = "bf16") -> None:
