@@ -324,8 +324,9 @@ def layer_cupy_peer(dy, ctx):
 
 
 def layer_torch_peer(dy, ctx):
-    """The same backward with torch._grouped_mm for the routed experts (the anchor's peer), built
-    on zero-copy views of our arrays; returns a no-argument callable, or None without PyTorch."""
+    """The same backward with torch._grouped_mm for the routed experts, hand-written (fp32 SwiGLU
+    math), built on zero-copy views of our arrays; returns a no-argument callable, or None without
+    PyTorch. (The anchor's peer is autograd's: layer_torch_autograd_peer.)"""
     try:
         import torch
         gmm = torch._grouped_mm
@@ -380,6 +381,51 @@ def layer_torch_peer(dy, ctx):
     return run
 
 
+def layer_torch_autograd_peer(dy, ctx):
+    """The anchor's peer as anchors.md describes it: the layer's forward written in PyTorch
+    (torch._grouped_mm experts, bf16 throughout, the router in fp32) and its backward by autograd,
+    what a PyTorch user gets without hand-written gradients. The forward graph is built once; the
+    returned callable runs torch.autograd.grad on it (retain_graph), so only the backward is timed.
+    Selection (topk_indices) is taken from ctx: it has no gradient. None without PyTorch."""
+    try:
+        import torch
+        import torch.nn.functional as F
+        gmm = torch._grouped_mm
+    except Exception:
+        return None
+    t = lambda a: torch.from_dlpack(a)
+    cfg = ctx.config
+    K, r_ = cfg.num_experts_per_tok, cfg.routed_scaling_factor
+    leaf = lambda a: t(a).detach().clone().requires_grad_()
+    x = leaf(ctx.hidden_states)
+    Wr, Wg, Wu, Wd, Wsg, Wsu, Wsd = (leaf(a) for a in (
+        ctx.router_weight, ctx.expert_gate_weight, ctx.expert_up_weight, ctx.expert_down_weight,
+        ctx.shared_expert_gate_weight, ctx.shared_expert_up_weight, ctx.shared_expert_down_weight))
+    T, H = x.shape
+    slots = t(ctx.sorted_slots).long()
+    tok = slots // K
+    offs = t(ctx.expert_offsets[1:])
+    idx = t(ctx.topk_indices).long()
+    scores = torch.sigmoid(x.float() @ Wr.float().t())
+    s_sel = torch.gather(scores, 1, idx)
+    w = s_sel / (s_sel.sum(1, keepdim=True) + 1e-20) * r_
+    xs = x[tok]
+    g = gmm(xs, Wg.transpose(1, 2), offs=offs)
+    u = gmm(xs, Wu.transpose(1, 2), offs=offs)
+    y = gmm(F.silu(g) * u, Wd.transpose(1, 2), offs=offs)
+    y = y * w.reshape(-1)[slots][:, None].to(y.dtype)
+    out = torch.zeros_like(x).index_add(0, tok, y)
+    out = out + (F.silu(x @ Wsg.t()) * (x @ Wsu.t())) @ Wsd.t()
+    dyt = t(dy)
+    inputs = [x, Wr, Wg, Wu, Wd, Wsg, Wsu, Wsd]
+
+    def run():
+        dx, dWr, dWg, dWu, dWd, dWsg, dWsu, dWsd = torch.autograd.grad(out, inputs, dyt, retain_graph=True)
+        return dx, dWr, dWg, dWu, dWd, dWsg, dWsu, dWsd
+
+    return run
+
+
 def layer_table(reps, Ts):
     import cupy as cp
 
@@ -390,8 +436,10 @@ def layer_table(reps, Ts):
     cfg = cupy_moe.MoEConfig.glm45_air()
     H, I, E = cfg.hidden_size, cfg.moe_intermediate_size, cfg.n_routed_experts
     print(f"\nFull GLM-4.5-Air layer backward; ms, median of {reps}, L2 flushed")
-    print(f"{'T':>6} {'ours':>8} {'cupy':>8} {'torch':>8} {'x cupy':>7} {'x torch':>7} {'TFLOP/s':>8} "
-          f"{'%789':>6} relerr(dx, dWg) vs cupy / torch")
+    print("torch: torch._grouped_mm with a hand-written backward (fp32 SwiGLU math); torch ag: the\n"
+          "layer's forward in torch._grouped_mm and its backward by autograd (anchors.md's peer)")
+    print(f"{'T':>6} {'ours':>8} {'cupy':>8} {'torch':>8} {'torch ag':>8} {'x cupy':>7} {'x torch':>7} "
+          f"{'x ag':>7} {'TFLOP/s':>8} {'%789':>6} relerr(dx, dWg) vs cupy / torch / torch ag")
     args = make_moe_inputs(cfg, max(Ts), seed=0, xp=cp)
     dy_all = make_moe_inputs(cfg, max(Ts), seed=1, xp=cp)["hidden_states"]
     for T in Ts:
@@ -413,11 +461,22 @@ def layer_table(reps, Ts):
                 t_torch = measure(run, warmup=1) / 1e3
         except Exception as exc:  # pragma: no cover - depends on the torch build
             print(f"  torch peer unavailable: {type(exc).__name__}: {exc}")
+        t_ag, agerr = float("nan"), (float("nan"),) * 2
+        try:
+            run = layer_torch_autograd_peer(dy, ctx)
+            if run is not None:
+                q = run()
+                agerr = (relative_error(g.hidden_states, cp.from_dlpack(q[0])),
+                         relative_error(g.expert_gate_weight, cp.from_dlpack(q[2])))
+                t_ag = measure(run, warmup=1) / 1e3
+            del run
+        except Exception as exc:  # pragma: no cover - depends on the torch build
+            print(f"  torch autograd peer unavailable: {type(exc).__name__}: {exc}")
         flops = T * (108 * H * I + 4 * H * E)
-        print(f"{T:>6} {t_ours:8.2f} {t_cupy:8.2f} {t_torch:8.2f} {t_cupy / t_ours:7.2f} "
-              f"{t_torch / t_ours:7.2f} {flops / t_ours / 1e9:8.1f} "
+        print(f"{T:>6} {t_ours:8.2f} {t_cupy:8.2f} {t_torch:8.2f} {t_ag:8.2f} {t_cupy / t_ours:7.2f} "
+              f"{t_torch / t_ours:7.2f} {t_ag / t_ours:7.2f} {flops / t_ours / 1e9:8.1f} "
               f"{100 * flops / t_ours / 1e9 / 789:5.1f}% {err[0]:.1e}, {err[1]:.1e} / "
-              f"{terr[0]:.1e}, {terr[1]:.1e}")
+              f"{terr[0]:.1e}, {terr[1]:.1e} / {agerr[0]:.1e}, {agerr[1]:.1e}")
         del out, ctx, g, p
 
 
