@@ -72,6 +72,9 @@ def test_entry_compiles_for_sm90a_without_spills(entry, tmp_path, monkeypatch):
         assert reports, log
         for line in reports:
             assert "0 bytes spill stores, 0 bytes spill loads" in line, (entry, line)
+        # ptxas serializes every wgmma of a kernel when it cannot keep their pipeline (a wgmma
+        # under a runtime condition did it: bench/NOTES.md v0.22); that costs ~8%, so it fails here.
+        assert "C7520" not in log and "serialized" not in log, (entry, prelude[-400:], log)
 
 
 @needs_nvrtc
