@@ -90,6 +90,18 @@ __device__ __forceinline__ u64 smem_desc_sw128(u32 addr, u32 lbo, u32 sbo) {
          ((u64)((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
 }
 
+// The same in two words: the low one (start address / 16, leading-byte offset / 16) and, for a
+// constant stride, a constant high one (stride-byte offset / 16, the swizzle mode). A descriptor
+// stepped within its start-address field then costs a 32-bit add and one move to a uniform
+// register, where a 64-bit add costs two of each and a carry.
+__device__ __forceinline__ u32 smem_desc_sw128_lo(u32 addr, u32 lbo) {
+  return ((addr & 0x3FFFF) >> 4) | (((lbo >> 4) & 0x3FFF) << 16);
+}
+template <u32 SBO>
+__device__ __forceinline__ u64 smem_desc_sw128_from_lo(u32 lo) {
+  return (u64)lo | ((u64)((SBO >> 4) & 0x3FFF) << 32) | (1ull << 62);
+}
+
 // --- register reallocation between warpgroup roles --------------------------------------------
 template <int R>
 __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(R)); }

@@ -192,6 +192,8 @@ class Sm90Config:
     # their stores read them (0: one per unit of its rows)
     DESC_STEP: bool = True  # wgmma descriptors stepped by an add per k16 step (the same bits;
     # False: built whole at each step, the A/B path through CONFIG_OVERRIDE)
+    DESC_LO32: bool = True  # and the steps in their low 32-bit words, the high ones constant (the
+    # same bits; False: 64-bit adds, the A/B path)
 
     BM = 128
     BK = 64
