@@ -4,8 +4,10 @@
 # then the instructions with the most samples and their reasons. Its tensor pipes idle a third
 # of the time with neither L2 nor DRAM saturated, and without its epilogue it is no faster
 # (bench/NOTES.md v0.16): this says which instruction the time sits on.
-# Usage (device, ~1 min): bash bench/ncu_k_grouped.sh [k|m|f] (m: the routed dgrad, M-grouped, instead;
-# f: the layer's fused SwiGLU dgrad, its staged epilogue warps beside the consumers);
+# Usage (device, ~1 min): bash bench/ncu_k_grouped.sh [k|m|f|d] (m: the routed dgrad, M-grouped, instead;
+# f: the layer's fused SwiGLU dgrad, its staged epilogue warps beside the consumers; d: a dense
+# 8192 x 4096 x 4096 reference); NCU_VIEW=sol prints throughputs (tensor pipes, clock, L1 / L2 /
+# DRAM) instead of the stall table;
 # logs under ${OUT:-/tmp}
 cd "$(dirname "$0")/.."
 export PYTHONPATH=. CUPY_MOE_CACHE_DIR=${CUPY_MOE_CACHE_DIR:-/tmp/cupy_moe_cache}
@@ -19,7 +21,11 @@ offs = cp.asarray(np.concatenate([[0], np.cumsum(rng.multinomial(rows, np.full(E
 A, B = (cp.random.standard_normal(s, dtype=cp.float32).astype(bfloat16) for s in ((rows, m), (rows, n)))
 C = cp.empty((E, m, n), bfloat16)
 for _ in range(int(sys.argv[1])):
-    if sys.argv[2] == 'k':
+    if sys.argv[2] == 'd':  # a dense reference in the same 128 x 256 tiles: 8192 x 4096 x 4096
+        if _ == 0:
+            X, W, Y = (cp.random.standard_normal(s, dtype=cp.float32).astype(bfloat16) for s in ((8192, n), (n, n), (8192, n)))
+        gemm(m=8192, n=n, segments=[Segment(X, n, W, n, k=n)], a_kmajor=True, b_kmajor=True, out=Y, ldc=n)
+    elif sys.argv[2] == 'k':
         gemm(m=m, n=n, segments=[Segment(A, m, B, n, k=rows)], a_kmajor=False, b_kmajor=False, out=C,
              ldc=n, c_group_stride=m * n, grouping='k', group_offsets=offs, num_groups=E)
     elif sys.argv[2] == 'f':  # the layer's fused SwiGLU dgrad: da' = dy Wd per expert, M-grouped 128 x 128
@@ -43,8 +49,15 @@ for _ in range(int(sys.argv[1])):
         gemm(m=rows, n=n, segments=[Segment(A, m, W, n, k=m, b_group_stride=m * n)] * 2, a_kmajor=True,
              b_kmajor=False, out=X, ldc=n, grouping='m', group_offsets=offs, num_groups=E)
 cp.cuda.Device().synchronize()"
-case=${1:-k}  # k: the K-grouped wgrad; m: the M-grouped routed dgrad; f: the fused SwiGLU dgrad
+case=${1:-k}  # k: the K-grouped wgrad; m: the M-grouped routed dgrad; f: the fused SwiGLU dgrad; d: dense
 python3 -c "$one_launch" 1 $case  # compile outside the profiler
+if [ "${NCU_VIEW:-stalls}" = sol ]; then  # throughputs only: the tensor pipes' share, clock, L1 / L2 / DRAM
+  timeout ${NCU_TIMEOUT:-150} ncu --clock-control none --kernel-name gemm_sm90_kernel --launch-skip 1 \
+    --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis python3 -c "$one_launch" 2 $case \
+    > "$out/ncu_sol_$case.txt" 2>&1
+  grep -E "SM Frequency|Duration|Throughput|highest-utilized" "$out/ncu_sol_$case.txt" | sed 's/based on elapsed.*//'
+  exit
+fi
 rm -f "$out/k_grouped.ncu-rep"
 timeout ${NCU_TIMEOUT:-150} ncu --clock-control none --kernel-name gemm_sm90_kernel --launch-skip 1 \
   --launch-count 1 --section WarpStateStats --section SourceCounters --section SchedulerStats \
