@@ -323,23 +323,30 @@ def layer_cupy_peer(dy, ctx):
     return dx.astype(bfloat16), dWr, dWg, dWu, dWd, dWsg, dWsu, dWsd
 
 
-def layer_torch_peer(dy, ctx):
-    """The same backward with torch._grouped_mm for the routed experts, hand-written (fp32 SwiGLU
-    math), built on zero-copy views of our arrays; returns a no-argument callable, or None without
-    PyTorch. (The anchor's peer is autograd's: layer_torch_autograd_peer.)"""
+def _torch_routing(ctx):
+    """torch, torch._grouped_mm, a zero-copy view maker, and ctx's routing as torch views (the
+    sorted rows' slots as int64, their tokens, the groups' ends), or None without PyTorch."""
     try:
         import torch
         gmm = torch._grouped_mm
     except Exception:
         return None
     t = lambda a: torch.from_dlpack(a)
-    cfg = ctx.config
-    K, r_ = cfg.num_experts_per_tok, cfg.routed_scaling_factor
+    slots = t(ctx.sorted_slots).long()
+    return torch, gmm, t, slots, slots // ctx.config.num_experts_per_tok, t(ctx.expert_offsets[1:])
+
+
+def layer_torch_peer(dy, ctx):
+    """The same backward with torch._grouped_mm for the routed experts, hand-written (fp32 SwiGLU
+    math), built on zero-copy views of our arrays; returns a no-argument callable, or None without
+    PyTorch. (The anchor's peer is autograd's: layer_torch_autograd_peer.)"""
+    peer = _torch_routing(ctx)
+    if peer is None:
+        return None
+    torch, gmm, t, slots, tok, offs = peer
+    K, r_ = ctx.config.num_experts_per_tok, ctx.config.routed_scaling_factor
     x, dyt = t(ctx.hidden_states), t(dy)
     T, H = x.shape
-    slots = t(ctx.sorted_slots).long()
-    tok = slots // K
-    offs = t(ctx.expert_offsets[1:])
     slot_rows = t(ctx.slot_rows).long()
     tw, scores, idx = t(ctx.topk_weights), t(ctx.scores), t(ctx.topk_indices)
     Wd, Wg, Wu, Wr = (t(a) for a in (ctx.expert_down_weight, ctx.expert_gate_weight,
@@ -387,24 +394,17 @@ def layer_torch_autograd_peer(dy, ctx):
     what a PyTorch user gets without hand-written gradients. The forward graph is built once; the
     returned callable runs torch.autograd.grad on it (retain_graph), so only the backward is timed.
     Selection (topk_indices) is taken from ctx: it has no gradient. None without PyTorch."""
-    try:
-        import torch
-        import torch.nn.functional as F
-        gmm = torch._grouped_mm
-    except Exception:
+    peer = _torch_routing(ctx)
+    if peer is None:
         return None
-    t = lambda a: torch.from_dlpack(a)
-    cfg = ctx.config
-    K, r_ = cfg.num_experts_per_tok, cfg.routed_scaling_factor
+    torch, gmm, t, slots, tok, offs = peer
+    import torch.nn.functional as F
+    r_ = ctx.config.routed_scaling_factor
     leaf = lambda a: t(a).detach().clone().requires_grad_()
     x = leaf(ctx.hidden_states)
     Wr, Wg, Wu, Wd, Wsg, Wsu, Wsd = (leaf(a) for a in (
         ctx.router_weight, ctx.expert_gate_weight, ctx.expert_up_weight, ctx.expert_down_weight,
         ctx.shared_expert_gate_weight, ctx.shared_expert_up_weight, ctx.shared_expert_down_weight))
-    T, H = x.shape
-    slots = t(ctx.sorted_slots).long()
-    tok = slots // K
-    offs = t(ctx.expert_offsets[1:])
     idx = t(ctx.topk_indices).long()
     scores = torch.sigmoid(x.float() @ Wr.float().t())
     s_sel = torch.gather(scores, 1, idx)
@@ -451,27 +451,20 @@ def layer_table(reps, Ts):
         err = (relative_error(g.hidden_states, p[0]), relative_error(g.expert_gate_weight, p[2]))
         t_ours = measure(lambda: cupy_moe.moe_backward(dy, ctx), warmup=2) / 1e3
         t_cupy = measure(lambda: layer_cupy_peer(dy, ctx), warmup=1) / 1e3
-        t_torch, terr = float("nan"), (float("nan"),) * 2
-        try:
-            run = layer_torch_peer(dy, ctx)
-            if run is not None:
-                q = run()
-                terr = (relative_error(g.hidden_states, cp.from_dlpack(q[0])),
-                        relative_error(g.expert_gate_weight, cp.from_dlpack(q[2])))
-                t_torch = measure(run, warmup=1) / 1e3
-        except Exception as exc:  # pragma: no cover - depends on the torch build
-            print(f"  torch peer unavailable: {type(exc).__name__}: {exc}")
-        t_ag, agerr = float("nan"), (float("nan"),) * 2
-        try:
-            run = layer_torch_autograd_peer(dy, ctx)
-            if run is not None:
-                q = run()
-                agerr = (relative_error(g.hidden_states, cp.from_dlpack(q[0])),
-                         relative_error(g.expert_gate_weight, cp.from_dlpack(q[2])))
-                t_ag = measure(run, warmup=1) / 1e3
-            del run
-        except Exception as exc:  # pragma: no cover - depends on the torch build
-            print(f"  torch autograd peer unavailable: {type(exc).__name__}: {exc}")
+        def torch_peer(make, name):  # (ms, relative errors of dx and dWg), NaN without it
+            try:
+                run = make(dy, ctx)
+                if run is not None:
+                    q = run()
+                    errs = (relative_error(g.hidden_states, cp.from_dlpack(q[0])),
+                            relative_error(g.expert_gate_weight, cp.from_dlpack(q[2])))
+                    return measure(run, warmup=1) / 1e3, errs
+            except Exception as exc:  # pragma: no cover - depends on the torch build
+                print(f"  {name} unavailable: {type(exc).__name__}: {exc}")
+            return float("nan"), (float("nan"),) * 2
+
+        t_torch, terr = torch_peer(layer_torch_peer, "torch peer")
+        t_ag, agerr = torch_peer(layer_torch_autograd_peer, "torch autograd peer")
         flops = T * (108 * H * I + 4 * H * E)
         print(f"{T:>6} {t_ours:8.2f} {t_cupy:8.2f} {t_torch:8.2f} {t_ag:8.2f} {t_cupy / t_ours:7.2f} "
               f"{t_torch / t_ours:7.2f} {t_ag / t_ours:7.2f} {flops / t_ours / 1e9:8.1f} "
