@@ -85,21 +85,18 @@ __device__ __forceinline__ void fence_operands(float (&d)[N]) {
 // K-major: rows of 64 elements (128 B), 8-row atoms 1024 B apart (SBO); LBO unused.
 // MN-major: rows along K, 64 MN-elements each; LBO = bytes between 64-wide MN atoms,
 // SBO = bytes between groups of 8 K rows.
-__device__ __forceinline__ u64 smem_desc_sw128(u32 addr, u32 lbo, u32 sbo) {
-  return (u64)((addr & 0x3FFFF) >> 4) | ((u64)((lbo >> 4) & 0x3FFF) << 16) |
-         ((u64)((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
-}
-
-// The same in two words: the low one (start address / 16, leading-byte offset / 16) and, for a
-// constant stride, a constant high one (stride-byte offset / 16, the swizzle mode). A descriptor
+// Its two words: the low one (start address / 16, leading-byte offset / 16) and the high one
+// (stride-byte offset / 16, the swizzle mode), a constant for a constant stride. A descriptor
 // stepped within its start-address field then costs a 32-bit add and one move to a uniform
 // register, where a 64-bit add costs two of each and a carry.
 __device__ __forceinline__ u32 smem_desc_sw128_lo(u32 addr, u32 lbo) {
   return ((addr & 0x3FFFF) >> 4) | (((lbo >> 4) & 0x3FFF) << 16);
 }
-template <u32 SBO>
-__device__ __forceinline__ u64 smem_desc_sw128_from_lo(u32 lo) {
-  return (u64)lo | ((u64)((SBO >> 4) & 0x3FFF) << 32) | (1ull << 62);
+__host__ __device__ constexpr u64 smem_desc_sw128_hi(u32 sbo) {
+  return ((u64)((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ u64 smem_desc_sw128(u32 addr, u32 lbo, u32 sbo) {
+  return smem_desc_sw128_lo(addr, lbo) | smem_desc_sw128_hi(sbo);
 }
 
 // --- register reallocation between warpgroup roles --------------------------------------------

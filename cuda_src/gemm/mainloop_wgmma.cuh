@@ -221,12 +221,12 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
       constexpr int STEP_A = Cfg::A_KMAJOR ? 32 : 2048, STEP_B = Cfg::B_KMAJOR ? 32 : 2048;
       constexpr u32 LBO_A = Cfg::A_KMAJOR ? 16 : ATOM_BYTES, LBO_B = Cfg::B_KMAJOR ? 16 : ATOM_BYTES;
       // DESC_LO32: the steps in the descriptors' low words alone, their high words constant
-      // (smem_desc_sw128_lo): the fused SwiGLU dgrad's consumers issued 4 R2UR and two 64-bit adds
+      // (smem_desc_sw128_lo / _hi): the fused SwiGLU dgrad's consumers issued 4 R2UR and two 64-bit adds
       // per HGMMA beside the epilogue warps' math; -2.8% on it (bench/NOTES.md v0.22).
       auto a_desc = [&](int b, int kk) {  // b: the accumulator block, whose 64-row block of A it reads
         const u32 at = a_tile + row_off(b) / 64 * (Cfg::A_KMAJOR ? 64 * 128 : ATOM_BYTES);
         if constexpr (Cfg::DESC_STEP && Cfg::DESC_LO32)
-          return smem_desc_sw128_from_lo<1024>(smem_desc_sw128_lo(at, LBO_A) + kk * (STEP_A / 16));
+          return smem_desc_sw128_hi(1024) | (smem_desc_sw128_lo(at, LBO_A) + kk * (STEP_A / 16));
         return Cfg::DESC_STEP ? smem_desc_sw128(at, LBO_A, 1024) + kk * (STEP_A / 16)
                               : smem_desc_sw128(at + kk * STEP_A, LBO_A, 1024);
       };
@@ -234,7 +234,7 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
       const u32 db0_lo = smem_desc_sw128_lo(b_tile, LBO_B);
       #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk) {
-        const u64 db = Cfg::DESC_STEP && Cfg::DESC_LO32 ? smem_desc_sw128_from_lo<1024>(db0_lo + kk * (STEP_B / 16))
+        const u64 db = Cfg::DESC_STEP && Cfg::DESC_LO32 ? smem_desc_sw128_hi(1024) | (db0_lo + kk * (STEP_B / 16))
                        : Cfg::DESC_STEP ? db0 + kk * (STEP_B / 16)
                                         : smem_desc_sw128(b_tile + kk * STEP_B, LBO_B, 1024);
         #pragma unroll
