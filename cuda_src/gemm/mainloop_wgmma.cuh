@@ -151,9 +151,16 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
   float acc[HV][BN / 2];
   int stage = 0, mine = 0;
   u32 phase = 0;
+  // SLIM_CONSUMER: one elected lane arrives (the warp is converged after its wgmma wait), and an
+  // idle warpgroup's stages pass by in a loop of their own, so the MMA loop has neither the
+  // divergence check of __syncwarp nor the idle test in it.
   auto release = [&](int s) {
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[s]);
+    if constexpr (Cfg::SLIM_CONSUMER) {
+      if (elect_one()) mbar_arrive(&empty[s]);
+    } else {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[s]);
+    }
   };
   // Row offset of accumulator block b within the tile.
   auto row_off = [&](int b) { return L::PINGPONG ? 64 * b : 64 * wg; };
@@ -185,10 +192,18 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
     // a runtime modulo here was ~4% of the wgrad's stall samples, ahead of every k-step's MMAs).
     const int seg_tiles = (tc.k_hi - tc.k_lo + BK - 1) / BK;
     int kin = 0;
-    for (int kt = 0; kt < nk; ++kt) {
+    if (Cfg::SLIM_CONSUMER && idle) {
+      for (int kt = 0; kt < nk; ++kt) {
+        mbar_wait(&full[stage], phase);
+        release(stage);
+        if (++stage == Cfg::STAGES) { stage = 0; phase ^= 1; }
+      }
+    }
+    const int nk_mma = Cfg::SLIM_CONSUMER && idle ? 0 : nk;
+    for (int kt = 0; kt < nk_mma; ++kt) {
       mbar_wait(&full[stage], phase);
       if (kt == 0) TRACE_FIRST_WAIT(tid == 0 && (L::PINGPONG || wg == 0), t);
-      if (idle) {
+      if (!Cfg::SLIM_CONSUMER && idle) {
         release(stage);
         if (++stage == Cfg::STAGES) { stage = 0; phase ^= 1; }
         continue;

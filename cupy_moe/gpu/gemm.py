@@ -194,6 +194,8 @@ class Sm90Config:
     # False: built whole at each step, the A/B path through CONFIG_OVERRIDE)
     DESC_LO32: bool = True  # and the steps in their low 32-bit words, the high ones constant (the
     # same bits; False: 64-bit adds, the A/B path)
+    SLIM_CONSUMER: bool = True  # releases by an elected lane, an idle warpgroup's k-loop apart (the
+    # same bits; False: __syncwarp + lane 0, the idle test in the MMA loop; the A/B path)
 
     BM = 128
     BK = 64
