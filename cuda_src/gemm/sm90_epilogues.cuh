@@ -243,18 +243,13 @@ __device__ __forceinline__ void swiglu_epilogue_warps(const GemmSm90Params& P,
     if (t >= sched.total) break;
     const Tile tc = sched.tile(t);
     const int rows = min(BM, tc.m_hi - tc.m0), col = tc.n0 + 4 * lane;
-    // Two batches in flight, each buffer loaded while the other is finished: the loop goes two
-    // batches a turn, so no buffer is copied into the other (a copy was ~12% of these warps'
-    // instructions in the layer's fused dgrad: ncu's SASS table, bench/NOTES.md v0.22).
-    Rows a, b;
-    a.load(p, tc, ew * Rows::R, rows, col);  // before da' is staged: they do not depend on it
+    Rows cur, next;
+    cur.load(p, tc, ew * Rows::R, rows, col);  // before da' is staged: they do not depend on it
     mbar_wait(&epi_bar[0], j & 1);
-    for (int r0 = ew * Rows::R; r0 < rows; r0 += 2 * STEP) {
-      if (r0 + STEP < rows) b.load(p, tc, r0 + STEP, rows, col);
-      a.finish(p, tc, dacc, r0, rows, col, lane);
-      if (r0 + STEP >= rows) break;
-      if (r0 + 2 * STEP < rows) a.load(p, tc, r0 + 2 * STEP, rows, col);
-      b.finish(p, tc, dacc, r0 + STEP, rows, col, lane);
+    for (int r0 = ew * Rows::R; r0 < rows; r0 += STEP) {
+      if (r0 + STEP < rows) next.load(p, tc, r0 + STEP, rows, col);
+      cur.finish(p, tc, dacc, r0, rows, col, lane);
+      cur = next;
     }
     mbar_arrive(&epi_bar[1]);  // this thread's reads of the buffer are done
   }
