@@ -504,6 +504,58 @@ def test_store_ring_gives_the_same_bits(case, monkeypatch):
     assert relative_error(results[1].astype(np.float32), ref) < 1e-2
 
 
+@pytest.mark.parametrize("case", ["dense", "dense-one-kstep", "dense-64", "m-grouped", "m-one-group",
+                                  "k-grouped", "k-transposed"])
+def test_deferred_stores_give_the_same_bits(case, monkeypatch):
+    """A tile's bf16 results held in registers and stored under the next tile's first k-steps
+    (Sm90Config.DEFER_STORE) are those stored at the tile's end (DEFER_STORE = 0), bit for bit,
+    every element written, against NumPy too: 128 x 256 tiles through the store ring with 4 k-steps
+    a tile and with 1 (the held batches stored after the next tile's loop), 64-wide tiles staged
+    whole, M-grouped with empty groups or all rows in one group, K-grouped with empty groups and
+    groups shorter than a k-step, and the transposed result."""
+    import cupy as cp
+    from cupy_moe.gpu import gemm as G
+    from cupy_moe.gpu.gemm import Segment
+
+    rng = np.random.default_rng(41)
+    if case.startswith("dense"):
+        m, n, k = {"dense": (4099, 1280, 200), "dense-one-kstep": (4099, 1280, 40),
+                   "dense-64": (1031, 56, 136)}[case]
+        A, B = _bf16(rng, m, k), _bf16(rng, n, k)
+        ref = _f(A) @ _f(B).T
+        out = cp.empty((m, n), bfloat16)
+        kw = dict(m=m, n=n, segments=[Segment(cp.asarray(A), k, cp.asarray(B), k, k=k)], a_kmajor=True,
+                  b_kmajor=True, out=out, ldc=n)
+    elif case in ("m-grouped", "m-one-group"):
+        rows = 1201
+        offs = _groups(rng, 7, rows, empty=(0, 3)) if case == "m-grouped" else \
+            np.array([0, 0, 0, rows, rows, rows, rows, rows], np.int32)
+        ref, kw = _m_grouped(rng, offs, 2048, 136)
+        out = kw["out"] = cp.empty(ref.shape, bfloat16)
+    else:
+        Gs, m, n, L = 7, 2816, 1408, 1001
+        offs = np.append(_groups(rng, Gs - 1, L - 60, empty=(2,)), L).astype(np.int32)  # the last
+        # group 60 lines long: a single short k-step
+        A, B = _bf16(rng, L, m), _bf16(rng, L, n)
+        ref = np.stack([_f(A[offs[g]:offs[g + 1]]).T @ _f(B[offs[g]:offs[g + 1]]) for g in range(Gs)])
+        if case == "k-transposed":  # (the layer's dWd: n and m swap, the result stored as C^T)
+            ref = ref.transpose(0, 2, 1)
+        out = cp.empty(ref.shape, bfloat16)
+        kw = dict(m=m, n=n, segments=[Segment(cp.asarray(A), m, cp.asarray(B), n, k=L)], a_kmajor=False,
+                  b_kmajor=False, out=out, ldc=ref.shape[2], c_group_stride=m * n, grouping="k",
+                  group_offsets=cp.asarray(offs), num_groups=Gs, out_transposed=case == "k-transposed")
+    results = []
+    for held in (0, G.Sm90Config.DEFER_STORE):
+        monkeypatch.setattr(G, "CONFIG_OVERRIDE", {"DEFER_STORE": held})
+        out.fill(np.nan)
+        G.gemm(engine="sm90", **kw)
+        results.append(out.get())
+    assert G.Sm90Config.DEFER_STORE > 0
+    assert not np.isnan(results[1].astype(np.float32)).any()
+    np.testing.assert_array_equal(results[0].view(np.uint16), results[1].view(np.uint16))
+    assert relative_error(results[1].astype(np.float32), ref) < 1e-2
+
+
 @pytest.mark.parametrize("case", ["dense-wide", "dense-128", "dense-64", "m-grouped", "k-grouped"])
 def test_f32_tma_stores_give_the_same_bits(case, monkeypatch):
     """fp32 results through shared memory and TMA stores (gemm.F32_TMA) are those stored from

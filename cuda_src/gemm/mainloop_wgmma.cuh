@@ -164,6 +164,14 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
   };
   // Row offset of accumulator block b within the tile.
   auto row_off = [&](int b) { return L::PINGPONG ? 64 * b : 64 * wg; };
+  u8* const staging = smem + L::STAGING + wg * L::STAGING_BYTES;
+  // DEFER_STORE: the last tile's results, stored batch by batch under this tile's first MMAs.
+  HeldResults<Cfg> held;
+  Tile held_tc;
+  bool holding = false;
+  auto store_held = [&](int from, int to) {
+    if constexpr (L::DEFER_STORE) store_tile_tma<Cfg>(P, held_tc, held, staging, row_off(0), wg, tid, from, to);
+  };
   for (int i = 0;; ++i) {
     const int t = feed.read(i, lane);
     if (t >= sched.total) break;
@@ -259,6 +267,8 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
       wgmma_commit();
       #pragma unroll
       for (int b = 0; b < HV; ++b) fence_operands(acc[b]);
+      if (L::DEFER_STORE && holding && kt + L::HELD_FROM < L::STORE_BATCHES)
+        store_held(L::HELD_FROM + kt, L::HELD_FROM + kt + 1);  // under the MMAs
       wgmma_wait<1>();  // the previous stage's MMAs are done: hand its buffers back
       if (prev >= 0) release(prev);
       prev = stage;
@@ -267,6 +277,10 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
     if constexpr (L::PINGPONG) {
       if (tid == 0) mbar_arrive(&turn[wg ^ 1]);  // all MMAs issued: the other warpgroup's turn
       ++mine;
+    }
+    if (L::DEFER_STORE && holding) {  // batches this tile had no k-steps for
+      store_held(L::HELD_FROM + (idle ? 0 : nk), L::STORE_BATCHES);
+      holding = false;
     }
     TRACE_DRAIN_BEGIN();
     wgmma_wait<0>();
@@ -287,7 +301,14 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
       mbar_arrive(&epi_bar[0]);
     } else if (L::TMA_STORE && (Cfg::GROUPING != kMGrouped || tc.m0 + row_off(0) + L::WG_ROWS <= tc.m_hi) &&
                (!Cfg::ROW_SPLIT || tc.m0 >= P.base.c2_rows)) {
-      store_tile_tma<Cfg>(P, tc, acc, smem + L::STAGING + wg * L::STAGING_BYTES, row_off(0), wg, tid);
+      if constexpr (L::DEFER_STORE) {
+        if (L::HELD_FROM > 0) store_tile_tma<Cfg>(P, tc, LiveResults<Cfg>{acc}, staging, row_off(0), wg, tid, 0, L::HELD_FROM);
+        held.hold(acc);
+        held_tc = tc;
+        holding = true;
+      } else {
+        store_tile_tma<Cfg>(P, tc, LiveResults<Cfg>{acc}, staging, row_off(0), wg, tid);
+      }
     } else {
       #pragma unroll
       for (int b = 0; b < HV; ++b) {
@@ -299,6 +320,7 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
     }
     TRACE_EPI_END(tid == 0 && (L::PINGPONG || wg == 0), t);
   }
+  if (L::DEFER_STORE && holding) store_held(L::HELD_FROM, L::STORE_BATCHES);
   if (L::TMA_STORE && tid == 0) bulk_wait();
 }
 

@@ -347,22 +347,46 @@ __device__ __forceinline__ void split_cluster_epilogue(const GemmSm90Params& P, 
   cluster_sync();
 }
 
+// A consumer thread's results as store_tile_tma reads them: pair i of accumulator block b (its
+// fragment's values 2 i and 2 i + 1) as bf16x2, or as fp32.
+template <class Cfg>
+struct LiveResults {  // the accumulators themselves
+  const float (&acc)[Plan<Cfg>::HALVES][Cfg::BN / 2];
+  __device__ __forceinline__ u32 bf16x2(int b, int i) const { return pack_bf16x2(acc[b][2 * i], acc[b][2 * i + 1]); }
+  __device__ __forceinline__ float2 f32x2(int b, int i) const { return make_float2(acc[b][2 * i], acc[b][2 * i + 1]); }
+};
+template <class Cfg>
+struct HeldResults {  // DEFER_STORE: a finished tile's bf16 results past its first HELD_FROM
+  using L = Plan<Cfg>;  // batches, kept while the next tile starts
+  static constexpr int FIRST = L::HELD_FROM * L::STORE_BATCH * 16, PAIRS = Cfg::BN / 4 - FIRST;
+  u32 v[L::HALVES][PAIRS > 0 ? PAIRS : 1];
+  __device__ __forceinline__ void hold(const float (&acc)[L::HALVES][Cfg::BN / 2]) {
+    #pragma unroll
+    for (int b = 0; b < L::HALVES; ++b)
+      #pragma unroll
+      for (int i = 0; i < PAIRS; ++i) v[b][i] = pack_bf16x2(acc[b][2 * (FIRST + i)], acc[b][2 * (FIRST + i) + 1]);
+  }
+  __device__ __forceinline__ u32 bf16x2(int b, int i) const { return v[b][i - FIRST]; }
+};
+
 // The bf16 or fp32 rows of one warpgroup (its 64-row blocks) through its shared-memory staging
 // buffer (units of 64 rows of 128 bytes, swizzled: conflict-free writes) and TMA stores, which
 // clip at the tensor's edges. The stores run while the warpgroup goes on with its next tile.
-// The units go in batches: all at once, or with a ring (Plan::RING) half of it at a time, each
-// batch's buffers reused once the stores of the batch before the last have read them. row_off:
-// the first block's row.
-template <class Cfg>
-__device__ __forceinline__ void store_tile_tma(const GemmSm90Params& P, const Tile& tc,
-                                               const float (&acc)[Plan<Cfg>::HALVES][Cfg::BN / 2],
-                                               u8* staging, int row_off, int wg, int tid) {
+// The units go in batches (Plan::STORE_BATCHES of them): all at once, or with a ring
+// (Plan::RING) half of it at a time, each batch's buffers reused once the stores of the batch
+// before the last have read them; this call stores batches [from, to). row_off: the first
+// block's row.
+template <class Cfg, class Results>
+__device__ __forceinline__ void store_tile_tma(const GemmSm90Params& P, const Tile& tc, const Results& res,
+                                               u8* staging, int row_off, int wg, int tid,
+                                               int from = 0, int to = Plan<Cfg>::STORE_BATCHES) {
   using L = Plan<Cfg>;
   constexpr int ATOMS = Cfg::BN / L::UNIT_COLS, UNITS = L::STORE_UNITS;  // units per 64-row block, all
-  constexpr int BATCH = Cfg::STORE_RING > 0 ? L::RING / 2 : UNITS;
+  constexpr int BATCH = L::STORE_BATCH;
   const int warp = tid / 32, lane = tid % 32;
   #pragma unroll
   for (int first = 0; first < UNITS; first += BATCH) {
+    if (first < from * BATCH || first >= to * BATCH) continue;
     if (first == 0 || first >= L::RING) {  // the batch's buffers: the stores that read them are done
       if (tid == 0) {
         if (first == 0) bulk_wait_read<0>();  // (the last tile's)
@@ -384,10 +408,8 @@ __device__ __forceinline__ void store_tile_tma(const GemmSm90Params& P, const Ti
         for (int j = 8 * a; j < 8 * a + 8; j += 2) {
           const int col = 8 * (j + q / 2) + hq, chunk = 2 * warp + q % 2;
           const u32 dst = smem_addr(unit + (col % 64) * 128 + ((chunk ^ (col % 8)) << 4));
-          stmatrix_x4_trans(dst, pack_bf16x2(acc[b][4 * j], acc[b][4 * j + 1]),
-                            pack_bf16x2(acc[b][4 * j + 2], acc[b][4 * j + 3]),
-                            pack_bf16x2(acc[b][4 * j + 4], acc[b][4 * j + 5]),
-                            pack_bf16x2(acc[b][4 * j + 6], acc[b][4 * j + 7]));
+          stmatrix_x4_trans(dst, res.bf16x2(b, 2 * j), res.bf16x2(b, 2 * j + 1), res.bf16x2(b, 2 * j + 2),
+                            res.bf16x2(b, 2 * j + 3));
         }
       } else if constexpr (L::C_BYTES == 4) {
         // fp32: the unit's 32 columns are the 8-column blocks j = 4 a .. 4 a + 3, each two 16-byte
@@ -398,7 +420,7 @@ __device__ __forceinline__ void store_tile_tma(const GemmSm90Params& P, const Ti
           for (int h = 0; h < 2; ++h) {
             const int r = 16 * warp + lane / 4 + 8 * h, chunk = 2 * (j % 4) + (lane % 4) / 2;
             u8* dst = unit + r * 128 + ((chunk ^ (r % 8)) << 4) + 8 * (lane % 2);
-            *(float2*)dst = make_float2(acc[b][4 * j + 2 * h], acc[b][4 * j + 2 * h + 1]);
+            *(float2*)dst = res.f32x2(b, 2 * j + h);
           }
         }
       } else {
@@ -408,7 +430,7 @@ __device__ __forceinline__ void store_tile_tma(const GemmSm90Params& P, const Ti
           for (int h = 0; h < 2; ++h) {
             const int r = 16 * warp + lane / 4 + 8 * h;
             u8* dst = unit + r * 128 + (((j % 8) ^ (r % 8)) << 4) + 4 * (lane % 4);
-            *(u32*)dst = pack_bf16x2(acc[b][4 * j + 2 * h], acc[b][4 * j + 2 * h + 1]);
+            *(u32*)dst = res.bf16x2(b, 2 * j + h);
           }
         }
       }

@@ -42,6 +42,21 @@ struct Plan {
   static constexpr int UNIT_COLS = 128 / C_BYTES;
   static constexpr int STORE_UNITS = HALVES * Cfg::BN / UNIT_COLS;
   static constexpr int RING = Cfg::STORE_RING > 0 ? Cfg::STORE_RING : STORE_UNITS;
+  static constexpr int STORE_BATCH = Cfg::STORE_RING > 0 ? RING / 2 : STORE_UNITS;  // units a batch
+  static constexpr int STORE_BATCHES = STORE_UNITS / STORE_BATCH;
+  // DEFER_STORE: a cooperative warpgroup keeps its last HELD_BATCHES batches of a finished tile's
+  // bf16 results packed in registers (as many as Cfg::DEFER_STORE registers a thread hold, beside
+  // the next tile's BN / 2 accumulators) and stores them a batch per k-step under the next tile's
+  // first MMAs, so the tensor pipes and the load stream stop for fewer stores at each tile switch
+  // (what the K-grouped weight gradients' 8 k-step tiles lost, bench/NOTES.md v0.18). Tiles with
+  // fewer k-steps than held batches store the rest after their loop.
+  static constexpr int BATCH_REGS = STORE_BATCH * 16 * HALVES;  // a batch's bf16x2 registers a thread
+  static constexpr int HELD_BATCHES =
+      TMA_STORE && C_BYTES == 2 && !PINGPONG && !Cfg::E_STAGED && !Cfg::SPLIT_CLUSTER
+          ? (Cfg::DEFER_STORE / BATCH_REGS < STORE_BATCHES ? Cfg::DEFER_STORE / BATCH_REGS : STORE_BATCHES)
+          : 0;
+  static constexpr bool DEFER_STORE = HELD_BATCHES > 0;
+  static constexpr int HELD_FROM = STORE_BATCHES - HELD_BATCHES;
   static constexpr int STAGING = Cfg::STAGES * STAGE_BYTES;        // per consumer warpgroup:
   static constexpr int STAGING_BYTES = TMA_STORE ? RING * ATOM_BYTES : 0;  // its units' buffers
   // SwiGLU backward with E_STAGED: the consumers leave each tile's fp32 accumulators (da') in
@@ -71,7 +86,8 @@ struct Plan {
   // (With the epilogue warpgroup, 512 threads share the file evenly: 128 each, no reallocation.)
   // (The CTA's registers are fixed at launch, 168 x 384: what the producer gives back, 112 x 128,
   // is exactly what the consumers take, 56 x 256. A producer at 64 leaves them waiting forever.)
-  static constexpr int PRODUCER_REGS = 56, CONSUMER_REGS = 224;
+  // DEFER_STORE's held results take 232 (a 40-register producer; at 224 the 128 x 256 tiles spilled).
+  static constexpr int PRODUCER_REGS = DEFER_STORE ? 40 : 56, CONSUMER_REGS = DEFER_STORE ? 232 : 224;
   static_assert(Cfg::BN == 64 || Cfg::BN == 128 || Cfg::BN == 256, "BN");
   static_assert(!PINGPONG || Cfg::BN <= 128, "a ping-pong warpgroup holds 128 x BN accumulators");
   static_assert(MAX_SEGMENTS >= 1, "segments");

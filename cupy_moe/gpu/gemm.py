@@ -196,6 +196,8 @@ class Sm90Config:
     # same bits; False: 64-bit adds, the A/B path)
     SLIM_CONSUMER: bool = True  # releases by an elected lane, an idle warpgroup's k-loop apart (the
     # same bits; False: __syncwarp + lane 0, the idle test in the MMA loop; the A/B path)
+    DEFER_STORE: int = 32  # registers a thread may hold a finished tile's last bf16 results in,
+    # stored by TMA under the next tile's first k-steps (the same bits; 0: all at the tile's end)
 
     BM = 128
     BK = 64
@@ -843,4 +845,10 @@ def example_sm90_configs():
                                       (600, 4096, 128, dict(A_KMAJOR=True, B_KMAJOR=False, GROUPING=1, DYNAMIC=True)),
                                       (11, 4096, 0, dict(A_KMAJOR=False, B_KMAJOR=False, GROUPING=2, DYNAMIC=True))):
         out.append(Sm90Config.choose(m_tiles, n, 132, groups, False, EPILOGUE=1, C_TMA=True, **flags))
+    # The layer's bf16 grouped GEMMs as choose() makes them (128 x 256 through the store ring,
+    # results held by DEFER_STORE): the routed dgrad and the K-grouped dWg / dWu.
+    out.append(Sm90Config.choose(600, 4096, 132, 128, False, A_KMAJOR=True, B_KMAJOR=False, GROUPING=1,
+                                 C_TMA=True, DYNAMIC=True))
+    out.append(Sm90Config.choose(11, 4096, 132, 0, False, A_KMAJOR=False, B_KMAJOR=False, GROUPING=2,
+                                 C_TMA=True, DYNAMIC=True))
     return out
