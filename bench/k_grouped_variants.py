@@ -38,9 +38,12 @@ def main():
                 ("pingpong 128", {}, dict(pingpong=True)),
                 # The stage count's pull (is the wgrad bound by loads in flight? NOTES v0.16):
                 ("2 stages", dict(STAGES=2), {}),
-                ("cooperative 128, 5 st.", dict(BN=128, STAGES=5), dict(pingpong=False)))
+                ("cooperative 128, 5 st.", dict(BN=128, STAGES=5), dict(pingpong=False)),
+                ("stores at tile end", dict(DEFER_STORE=0), {}))  # (Sm90Config.DEFER_STORE off)
     only = sys.argv[1:]
     variants = [v for v in variants if not only or v[0] in only]
+    if only:  # in the order asked (A/B rounds: name a variant more than once)
+        variants = [next(v for v in variants if v[0] == label) for label in only]
     for label, over, kw in variants:
         G.CONFIG_OVERRIDE = over
         for name, sizes in cases:
