@@ -452,20 +452,17 @@ def test_dynamic_tile_claims_give_the_same_bits(case, monkeypatch):
     assert int(cp.count_nonzero(counters)) == 0  # every launch left its pair zeroed
 
 
-@pytest.mark.parametrize("case", ["dense", "m-grouped", "m-one-group", "k-grouped", "k-transposed"])
-def test_store_ring_gives_the_same_bits(case, monkeypatch):
-    """128 x 256 tiles staged through a ring of two units per warpgroup (gemm.STORE_RING = 2, 4
-    stages) store what whole-tile staging does (STORE_RING = 0, 3 stages), bit for bit, every
-    element written, against NumPy too: dense, M-grouped with empty groups or all rows in one
-    group (tiles that straddle a group's end store from registers), K-grouped with empty groups,
-    and the transposed result."""
+def _store_path_problem(rng, case, dense=(4099, 1280, 200), k_groups=(5, 1001, 0)):
+    """A bf16 GEMM for the result store paths' tests: 'dense' (m, n, k, K-major operands), M-grouped
+    over 1201 rows in 7 groups ('m-grouped': two empty; 'm-one-group': all rows in one), or
+    K-grouped [2816 x 1408] per group ('k-grouped'; 'k-transposed' stores C^T, as the layer's dWd)
+    over k_groups = (groups, lines, last): one empty group and, with last > 0, a last group of
+    that many lines. Returns its NumPy reference, gemm()'s keywords and their out."""
     import cupy as cp
-    from cupy_moe.gpu import gemm as G
     from cupy_moe.gpu.gemm import Segment
 
-    rng = np.random.default_rng(31)
     if case == "dense":
-        m, n, k = 4099, 1280, 200  # (enough 128 x 256 tiles for every SM: choose() takes them)
+        m, n, k = dense
         A, B = _bf16(rng, m, k), _bf16(rng, n, k)
         ref = _f(A) @ _f(B).T
         out = cp.empty((m, n), bfloat16)
@@ -480,8 +477,10 @@ def test_store_ring_gives_the_same_bits(case, monkeypatch):
         ref, kw = _m_grouped(rng, offs, 2048, 136)
         out = kw["out"] = cp.empty(ref.shape, bfloat16)
     else:
-        Gs, m, n, L = 5, 2816, 1408, 1001
-        offs = _groups(rng, Gs, L, empty=(2,))
+        (Gs, L, last), m, n = k_groups, 2816, 1408
+        offs = _groups(rng, Gs - (last > 0), L - last, empty=(2,))
+        if last:
+            offs = np.append(offs, L).astype(np.int32)
         A, B = _bf16(rng, L, m), _bf16(rng, L, n)
         ref = np.stack([_f(A[offs[g]:offs[g + 1]]).T @ _f(B[offs[g]:offs[g + 1]]) for g in range(Gs)])
         if case == "k-transposed":  # (the layer's dWd: n and m swap, the result stored as C^T)
@@ -490,6 +489,20 @@ def test_store_ring_gives_the_same_bits(case, monkeypatch):
         kw = dict(m=m, n=n, segments=[Segment(cp.asarray(A), m, cp.asarray(B), n, k=L)], a_kmajor=False,
                   b_kmajor=False, out=out, ldc=ref.shape[2], c_group_stride=m * n, grouping="k",
                   group_offsets=cp.asarray(offs), num_groups=Gs, out_transposed=case == "k-transposed")
+    return ref, kw, out
+
+
+@pytest.mark.parametrize("case", ["dense", "m-grouped", "m-one-group", "k-grouped", "k-transposed"])
+def test_store_ring_gives_the_same_bits(case, monkeypatch):
+    """128 x 256 tiles staged through a ring of two units per warpgroup (gemm.STORE_RING = 2, 4
+    stages) store what whole-tile staging does (STORE_RING = 0, 3 stages), bit for bit, every
+    element written, against NumPy too: dense, M-grouped with empty groups or all rows in one
+    group (tiles that straddle a group's end store from registers), K-grouped with empty groups,
+    and the transposed result."""
+    from cupy_moe.gpu import gemm as G
+
+    # (dense: enough 128 x 256 tiles for every SM, so choose() takes them)
+    ref, kw, out = _store_path_problem(np.random.default_rng(31), case)
     chosen = _record_choices(monkeypatch, G)
     results = []
     for ring in (0, 2):
@@ -511,39 +524,13 @@ def test_deferred_stores_give_the_same_bits(case, monkeypatch):
     (Sm90Config.DEFER_STORE) are those stored at the tile's end (DEFER_STORE = 0), bit for bit,
     every element written, against NumPy too: 128 x 256 tiles through the store ring with 4 k-steps
     a tile and with 1 (the held batches stored after the next tile's loop), 64-wide tiles staged
-    whole, M-grouped with empty groups or all rows in one group, K-grouped with empty groups and
-    groups shorter than a k-step, and the transposed result."""
-    import cupy as cp
+    whole, M-grouped with empty groups or all rows in one group, K-grouped with an empty group and
+    a last group shorter than a k-step, and the transposed result."""
     from cupy_moe.gpu import gemm as G
-    from cupy_moe.gpu.gemm import Segment
 
-    rng = np.random.default_rng(41)
-    if case.startswith("dense"):
-        m, n, k = {"dense": (4099, 1280, 200), "dense-one-kstep": (4099, 1280, 40),
-                   "dense-64": (1031, 56, 136)}[case]
-        A, B = _bf16(rng, m, k), _bf16(rng, n, k)
-        ref = _f(A) @ _f(B).T
-        out = cp.empty((m, n), bfloat16)
-        kw = dict(m=m, n=n, segments=[Segment(cp.asarray(A), k, cp.asarray(B), k, k=k)], a_kmajor=True,
-                  b_kmajor=True, out=out, ldc=n)
-    elif case in ("m-grouped", "m-one-group"):
-        rows = 1201
-        offs = _groups(rng, 7, rows, empty=(0, 3)) if case == "m-grouped" else \
-            np.array([0, 0, 0, rows, rows, rows, rows, rows], np.int32)
-        ref, kw = _m_grouped(rng, offs, 2048, 136)
-        out = kw["out"] = cp.empty(ref.shape, bfloat16)
-    else:
-        Gs, m, n, L = 7, 2816, 1408, 1001
-        offs = np.append(_groups(rng, Gs - 1, L - 60, empty=(2,)), L).astype(np.int32)  # the last
-        # group 60 lines long: a single short k-step
-        A, B = _bf16(rng, L, m), _bf16(rng, L, n)
-        ref = np.stack([_f(A[offs[g]:offs[g + 1]]).T @ _f(B[offs[g]:offs[g + 1]]) for g in range(Gs)])
-        if case == "k-transposed":  # (the layer's dWd: n and m swap, the result stored as C^T)
-            ref = ref.transpose(0, 2, 1)
-        out = cp.empty(ref.shape, bfloat16)
-        kw = dict(m=m, n=n, segments=[Segment(cp.asarray(A), m, cp.asarray(B), n, k=L)], a_kmajor=False,
-                  b_kmajor=False, out=out, ldc=ref.shape[2], c_group_stride=m * n, grouping="k",
-                  group_offsets=cp.asarray(offs), num_groups=Gs, out_transposed=case == "k-transposed")
+    dense = {"dense-one-kstep": (4099, 1280, 40), "dense-64": (1031, 56, 136)}.get(case, (4099, 1280, 200))
+    ref, kw, out = _store_path_problem(np.random.default_rng(41), "dense" if case.startswith("dense") else case,
+                                       dense=dense, k_groups=(7, 1001, 60))
     results = []
     for held in (0, G.Sm90Config.DEFER_STORE):
         monkeypatch.setattr(G, "CONFIG_OVERRIDE", {"DEFER_STORE": held})
