@@ -127,6 +127,35 @@ def test_dwd_stored_transposed_or_not(name, T, routing, transposed, monkeypatch)
 
 
 @pytest.mark.parametrize("name,T,routing", [("aligned", 333, "random"), ("aligned", 4096, "skewed"),
+                                            ("odd", 64, "random"), ("no_shared_unnormalized", 97, "random")])
+def test_row_moves_beside_the_shared_expert(name, T, routing, monkeypatch):
+    """The dy scatter beside the shared expert's d_act (layer.BESIDE; 40 SMs forced to it at these
+    small sizes): against the reference, and bitwise what one after the other gives (without a
+    shared expert: no change)."""
+    import cupy as cp
+
+    from cupy_moe.gpu import layer
+
+    cfg = SMALL[name]
+    monkeypatch.setattr(layer, "free_sms", lambda *args: 40)
+    _check(cfg, T, routing, seed=T + 2)
+    gargs = make_moe_inputs(cfg, T, seed=T + 2, routing=routing, xp=cp)
+    _, gctx = cupy_moe.moe_forward(**gargs, config=cfg)
+    dy = cp.asarray(np.random.default_rng(11).standard_normal((T, cfg.hidden_size),
+                                                              dtype=np.float32).astype(bfloat16))
+    both = cupy_moe.moe_backward(dy, gctx)
+    monkeypatch.setattr(layer, "BESIDE", False)
+    apart = cupy_moe.moe_backward(dy, gctx)
+    for f in both._fields:
+        a, b = getattr(both, f), getattr(apart, f)
+        if a is None or b is None:
+            assert a is None and b is None and not cfg.n_shared_experts, f
+            continue
+        np.testing.assert_array_equal(cp.asnumpy(a).view(np.uint8), cp.asnumpy(b).view(np.uint8),
+                                      err_msg=f)
+
+
+@pytest.mark.parametrize("name,T,routing", [("aligned", 333, "random"), ("aligned", 4096, "skewed"),
                                             ("odd", 64, "random")])
 def test_shared_weight_gradients_side_by_side(name, T, routing, monkeypatch):
     """The shared expert's [dWsg; dWsu] beside dWsd (side_by_side, forced at these small sizes):

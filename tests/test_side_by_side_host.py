@@ -42,6 +42,21 @@ def test_split_sms_balances_unequal_reductions(split_sms):
     assert cdiv(150, c) == 2
 
 
+@pytest.mark.parametrize("moved,flop,sms,free", [
+    (604e6, 94.5e9, 132, 41),    # the dy scatter beside the shared d_act at T = 8192 (GLM-4.5-Air)
+    (738e6, 283e9, 132, 21),     # the combine beside the shared weight gradients (a larger GEMM)
+    (604e6, 1e6, 132, 66),       # at most half the SMs
+    (1e6, 1e6, 132, 0),          # a kernel of ~0.2 us on its own: not worth a fork
+    (604e6, 0, 132, 0),          # no GEMM to stand beside
+])
+def test_free_sms(split_sms, moved, flop, sms, free):
+    """side_by_side.free_sms: the SMs a memory-bound kernel gets beside a GEMM so that both take
+    about as long (BYTES_PER_SM_US, FLOP_PER_SM_US), none where its time alone is short."""
+    from cupy_moe.gpu import side_by_side
+
+    assert side_by_side.free_sms(moved, flop, sms) == free
+
+
 def test_side_streams_are_kept_per_stream_and_event_names(monkeypatch):
     """streams.Side: one side stream and one event per name, made once per (device, caller's
     stream, names); SOL-080's four events and side_by_side's two are separate sides."""

@@ -19,12 +19,12 @@ def gather_rows(src, index, div):
     return dst
 
 
-def rows_by_expert(src, slot_rows, K):
+def rows_by_expert(src, slot_rows, K, out=None):
     """[T * K, width]: row slot_rows[t * K + k] is src[t] (the experts' sorted order; slot_rows
     int32 [T * K], a permutation of the rows): gather_rows(src, sorted_slots, K), as a scatter
-    that reads each token row once."""
+    that reads each token row once. out: the array to write (else a new one)."""
     tokens, width = src.shape
-    dst = cp.empty((tokens * K, width), src.dtype)
+    dst = cp.empty((tokens * K, width), src.dtype) if out is None else out
     _launch.launch(_build.load_module("gather_rows.cu"), "scatter_rows",
                    (grid_stride_blocks(tokens * 32),), (256,),  # a warp per token
                    [ptr(src), ptr(slot_rows), i32(K), i32(tokens), i32(width), ptr(dst)])

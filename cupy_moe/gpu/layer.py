@@ -8,14 +8,15 @@ expert, backward_tail (router and shared expert) on the tokens' side again.
 from __future__ import annotations
 
 import os
+from functools import partial
 
 import cupy as cp
 
 from .._arrays import bfloat16
 from ..context import MoEContext, MoEGradients
 from . import elementwise, router, routing
-from .gemm import Segment, SwigluBackward, gemm, sm90_applies, transposed_applies
-from .side_by_side import side_by_side
+from .gemm import Segment, SwigluBackward, device_sms, gemm, sm90_applies, transposed_applies
+from .side_by_side import beside, free_sms, side_by_side
 
 # Each expert's dWd [H, I] as (aw^T dy)^T, stored transposed (gemm(out_transposed)): I = 1408
 # rows in 11 tiles of 128 and H = 4096 columns in 16 of 256, instead of 128 x 256 tiles over
@@ -24,6 +25,11 @@ from .side_by_side import side_by_side
 # (its 176 tiles then fit beside [dWsg; dWsu]'s 352 in whole rounds). CUPY_MOE_LAYER_DWD_TRANSPOSED=0
 # turns both off (the whole GPU suite passed with it on: v0.12, v0.15).
 DWD_TRANSPOSED = os.environ.get("CUPY_MOE_LAYER_DWD_TRANSPOSED", "1") != "0"
+# The backward's scatter of dy into the experts' order runs on a few SMs beside the shared
+# expert's d_act, which reads dy in token order (side_by_side.beside: the SMs split so both take
+# about as long): at T = 8192 the call's span -30..-60 us (traced calls, bench/NOTES.md v0.23).
+# The same bits either way. CUPY_MOE_LAYER_BESIDE=0: one after the other.
+BESIDE = os.environ.get("CUPY_MOE_LAYER_BESIDE", "1") != "0"
 
 
 def experts_forward(x_rows, offsets, num_experts, wg, wu, wd):
@@ -131,45 +137,65 @@ def finish_forward(inputs, config, routed, y_sorted, saved, **extra):
 
 def backward(dy, ctx: MoEContext) -> MoEGradients:
     x = ctx.hidden_states
-    E = ctx.config.n_routed_experts
+    E, K = ctx.config.n_routed_experts, ctx.config.num_experts_per_tok
     slots = ctx.sorted_slots
     # Token rows in the experts' order, so every grouped GEMM reads plain rows (x's from the
-    # forward).
-    dy_sorted = elementwise.rows_by_expert(dy, ctx.slot_rows, ctx.config.num_experts_per_tok)
+    # forward); the scatter runs beside the shared expert's d_act, which reads dy in token order.
+    dy_sorted = cp.empty((dy.shape[0] * K, dy.shape[1]), dy.dtype)
+    scatter = partial(elementwise.rows_by_expert, dy, ctx.slot_rows, K, out=dy_sorted)
+    shared_d = None
+    if ctx.config.n_shared_experts:
+        d_act, shared_d = _shared_d_act(dy, ctx)
+        free = free_sms(dy.nbytes + dy_sorted.nbytes, _flop(d_act), device_sms()) if BESIDE else 0
+        beside(lambda sms: gemm(**d_act, max_ctas=sms), scatter, free)
+    else:
+        scatter()
     x_sorted = ctx.sorted_hidden_states
     if x_sorted is None:
-        x_sorted = elementwise.rows_by_expert(x, ctx.slot_rows, ctx.config.num_experts_per_tok)
+        x_sorted = elementwise.rows_by_expert(x, ctx.slot_rows, K)
     dw_sorted, dx_sorted, d_gate_w, d_up_w, d_down_w = experts_backward(
         x_sorted, dy_sorted, ctx.gate, ctx.up, ctx.act, ctx.expert_offsets, E,
         ctx.expert_gate_weight, ctx.expert_up_weight, ctx.expert_down_weight,
         weights=ctx.topk_weights, row_index=slots)
     del dy_sorted, x_sorted
-    return backward_tail(dy, ctx, dx_sorted, dw_sorted, d_gate_w, d_up_w, d_down_w)
+    return backward_tail(dy, ctx, dx_sorted, dw_sorted, d_gate_w, d_up_w, d_down_w, shared_d)
 
 
-def _shared_backward(dy, ctx: MoEContext):
-    """The shared expert's weight gradients (dWsg, dWsu, dWsd) and its dx as GEMM segments
-    [dgs @ Wsg, dus @ Wsu]. dgs and dus sit side by side in one [T, 2 Is] array (the SwiGLU
-    epilogue's ld_grad), so [dWsg; dWsu] = [dgs | dus]^T x is one GEMM of 2 Is rows (dWsg and
-    dWsu are its two halves, each C-contiguous), and it runs beside dWsd (side_by_side: at
-    T = 8192, 352 + 176 tiles in 4 rounds instead of 3 + 2)."""
-    x = ctx.hidden_states
-    T, H = x.shape
-    wsg, wsu, wsd = (ctx.shared_expert_gate_weight, ctx.shared_expert_up_weight,
-                     ctx.shared_expert_down_weight)
-    Is = wsg.shape[0]
-    d_act = [Segment(dy, H, wsd, Is, k=H)]
+def _flop(call: dict) -> float:
+    """A gemm() call's multiply-adds x 2."""
+    return 2.0 * call["m"] * call["n"] * sum(s.k for s in call["segments"])
+
+
+def _shared_d_act(dy, ctx: MoEContext):
+    """The shared expert's d_act GEMM (its SwiGLU backward in the epilogue), not launched: the
+    gemm() keywords and (dgs, dus, dgu, ld) it writes. dgs and dus sit side by side in one
+    [T, 2 Is] array dgu (the epilogue's ld_grad) where the Hopper loop applies, so [dWsg; dWsu]
+    = [dgs | dus]^T x is one GEMM of 2 Is rows (_shared_weight_grads); else dgu is None."""
+    T, H = dy.shape
+    Is = ctx.shared_expert_gate_weight.shape[0]
+    d_act = [Segment(dy, H, ctx.shared_expert_down_weight, Is, k=H)]
     stacked = sm90_applies(T, Is, d_act, True, False) and Is % 8 == 0  # ld_grad: the Hopper loop
     if stacked:
         dgu = cp.empty((T, 2 * Is), bfloat16)
         dgs, dus = dgu[:, :Is], dgu[:, Is:]
     else:
-        dgs, dus = cp.empty((T, Is), bfloat16), cp.empty((T, Is), bfloat16)
+        dgu, dgs, dus = None, cp.empty((T, Is), bfloat16), cp.empty((T, Is), bfloat16)
     ld = 2 * Is if stacked else Is
-    gemm(m=T, n=Is, segments=d_act, a_kmajor=True, b_kmajor=False, out=None, ldc=Is,
-         epilogue="swiglu_backward",
-         swiglu=SwigluBackward(gate=ctx.shared_gate, up=ctx.shared_up, dg=dgs, du=dus,
-                               ld_grad=ld if stacked else 0))
+    call = dict(m=T, n=Is, segments=d_act, a_kmajor=True, b_kmajor=False, out=None, ldc=Is,
+                epilogue="swiglu_backward",
+                swiglu=SwigluBackward(gate=ctx.shared_gate, up=ctx.shared_up, dg=dgs, du=dus,
+                                      ld_grad=ld if stacked else 0))
+    return call, (dgs, dus, dgu, ld)
+
+
+def _shared_weight_grads(dy, ctx: MoEContext, shared_d):
+    """The shared expert's weight gradients (dWsg, dWsu, dWsd) from its d_act results: [dWsg;
+    dWsu] beside dWsd (side_by_side: at T = 8192, 352 + 176 tiles in 4 rounds instead of 3 + 2)
+    where dgs and dus are stacked."""
+    x = ctx.hidden_states
+    T, H = x.shape
+    dgs, dus, dgu, _ = shared_d
+    Is = dgs.shape[1]
     d_wsd = cp.empty((H, Is), bfloat16)
     down = [Segment(ctx.shared_act, Is, dy, H, k=T)]  # dWsd = (act^T dy)^T, as the routed dWd
     if DWD_TRANSPOSED and transposed_applies(Is, H, down, False, False, d_wsd, Is):
@@ -177,24 +203,22 @@ def _shared_backward(dy, ctx: MoEContext):
     else:
         wd_grad = dict(m=H, n=Is, segments=[Segment(dy, H, ctx.shared_act, Is, k=T)])
     wd_grad.update(a_kmajor=False, b_kmajor=False, out=d_wsd, ldc=Is)
-    if stacked:
+    if dgu is not None:
         d_wsgu = cp.empty((2 * Is, H), bfloat16)
-        d_wsg, d_wsu = d_wsgu[:Is], d_wsgu[Is:]
-        side_by_side(dict(m=2 * Is, n=H, segments=[Segment(dgu, 2 * Is, x, H, k=T)],
-                          a_kmajor=False, b_kmajor=False, out=d_wsgu, ldc=H), wd_grad)
-    else:
-        d_wsg, d_wsu = cp.empty((Is, H), bfloat16), cp.empty((Is, H), bfloat16)
-        gemm(**wd_grad)
-        for d, out in ((dgs, d_wsg), (dus, d_wsu)):
-            gemm(m=Is, n=H, segments=[Segment(d, Is, x, H, k=T)], a_kmajor=False, b_kmajor=False,
-                 out=out, ldc=H)
-    dx = [Segment(dgs, ld, wsg, H, k=Is), Segment(dus, ld, wsu, H, k=Is)]
-    return (d_wsg, d_wsu, d_wsd), dx
+        side_by_side(dict(m=2 * Is, n=H, segments=[Segment(dgu, 2 * Is, x, H, k=T)], a_kmajor=False,
+                          b_kmajor=False, out=d_wsgu, ldc=H), wd_grad)
+        return d_wsgu[:Is], d_wsgu[Is:], d_wsd
+    d_wsg, d_wsu = cp.empty((Is, H), bfloat16), cp.empty((Is, H), bfloat16)
+    gemm(**wd_grad)
+    for d, out in ((dgs, d_wsg), (dus, d_wsu)):
+        gemm(m=Is, n=H, segments=[Segment(d, Is, x, H, k=T)], a_kmajor=False, b_kmajor=False, out=out, ldc=H)
+    return d_wsg, d_wsu, d_wsd
 
 
-def backward_tail(dy, ctx: MoEContext, dx_sorted, dw_sorted, d_gate_w, d_up_w, d_down_w):
+def backward_tail(dy, ctx: MoEContext, dx_sorted, dw_sorted, d_gate_w, d_up_w, d_down_w, shared_d=None):
     """The tokens' side of the backward, given the routed experts' dx rows and dw = <da', a> in
-    the sorted order: the router, the shared expert and dx."""
+    the sorted order: the router, the shared expert and dx. shared_d: the shared expert's d_act
+    results (_shared_d_act) where the caller already ran it."""
     cfg = ctx.config
     x = ctx.hidden_states
     T, H = x.shape
@@ -208,8 +232,13 @@ def backward_tail(dy, ctx: MoEContext, dx_sorted, dw_sorted, d_gate_w, d_up_w, d
 
     shared = (None, None, None)
     if cfg.n_shared_experts:
-        shared, shared_dx = _shared_backward(dy, ctx)
-        dx_segments += shared_dx
+        if shared_d is None:
+            d_act, shared_d = _shared_d_act(dy, ctx)
+            gemm(**d_act)
+        shared = _shared_weight_grads(dy, ctx, shared_d)
+        dgs, dus, _, ld = shared_d
+        dx_segments += [Segment(dgs, ld, ctx.shared_expert_gate_weight, H, k=dgs.shape[1]),
+                        Segment(dus, ld, ctx.shared_expert_up_weight, H, k=dus.shape[1])]
     # Everything but the routed rows in one fp32 GEMM: [hi | lo | dgs | dus] @ [Wr; Wr; Wsg; Wsu].
     dx_rest = cp.empty((T, H), cp.float32)
     gemm(m=T, n=H, segments=dx_segments, a_kmajor=True, b_kmajor=False, out=dx_rest, ldc=H,

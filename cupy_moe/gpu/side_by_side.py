@@ -48,12 +48,54 @@ def side_by_side(first: dict, second: dict) -> None:
         gemm(**first)
         gemm(**second)
         return
+    _forked(lambda: gemm(**first, max_ctas=split), lambda: gemm(**second, max_ctas=sms - split),
+            ("fork", "join"))
+
+
+# A memory-bound kernel beside a GEMM (beside()): what one SM moves and computes there at the
+# layer's sizes under the power cap (bench/overlap_probe.py, traced layer calls; NOTES v0.23):
+# ~56 GB/s an SM for the row scatter on 51 SMs, ~4 TFLOP/s an SM for the shared d_act on 81.
+BYTES_PER_SM_US = 56e3
+FLOP_PER_SM_US = 4e6
+# The least time the kernel's own SMs save, in us, worth a fork and a join (~4 us each way): tests
+# set 0 to take the beside() path at small sizes.
+MIN_BESIDE_US = 20.0
+
+
+def free_sms(kernel_bytes: float, gemm_flop: float, sms: int) -> int:
+    """SMs to leave a memory-bound kernel of kernel_bytes beside a GEMM of gemm_flop, such that
+    both take about as long (the kernel's blocks also take the GEMM's SMs once it ends; the
+    GEMM's persistent CTAs cannot take the kernel's), at most half of them; 0 when the kernel is
+    too short to be worth it."""
+    kernel, work = kernel_bytes / BYTES_PER_SM_US, gemm_flop / FLOP_PER_SM_US  # SM-us each
+    if kernel / sms < MIN_BESIDE_US or work <= 0:
+        return 0
+    return min(sms // 2, round(sms * kernel / (kernel + work)))
+
+
+def beside(gemm_work, kernel, free: int) -> None:
+    """gemm_work(sms), GEMM launches confined to `sms` SMs (0: all), on the current stream and kernel()
+    on a side stream at once, `free` SMs left to the kernel (0: one after the other); they must
+    not read what the other writes. The current stream's later work runs after both, and the
+    bits are those of one after the other."""
+    if free <= 0:
+        gemm_work(0)
+        kernel()
+        return
+    _forked(lambda: gemm_work(device_sms() - free), kernel, ("beside_fork", "beside_join"))
+
+
+def _forked(on_main, on_side, names: tuple) -> None:
+    """on_main() on the current stream, then on_side() on its side stream (names: the fork and
+    join events), forked from it before and joined into it after. on_main's launches go first,
+    so a persistent grid takes its SMs before the side's blocks do."""
     main = cp.cuda.get_current_stream()
-    side = Side.of(main, ("fork", "join"))
-    side.fork.record(main)
-    side.stream.wait_event(side.fork)
-    gemm(**first, max_ctas=split)  # launched first: its CTAs take their SMs first
+    side = Side.of(main, names)
+    fork, join = (getattr(side, n) for n in names)
+    fork.record(main)
+    side.stream.wait_event(fork)
+    on_main()
     with side.stream:
-        gemm(**second, max_ctas=sms - split)
-        side.join.record()
-    main.wait_event(side.join)
+        on_side()
+        join.record()
+    main.wait_event(join)
