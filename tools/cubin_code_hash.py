@@ -2,8 +2,11 @@
 .nv.constant and .nv.shared sections; not symbol names, which change when a constexpr is renamed).
 Compare it before and after a kernel edit meant to change nothing (a CPU-only check: equal hashes
 mean the device-verified code is what runs).
-Usage: PYTHONPATH=. python tools/cubin_code_hash.py [--first N] (only the first N configs: those
-an older revision had, when configs were appended since)"""
+With --per-config: a line per config instead (its index, the hash of its instructions, its tile
+width and grouping, and ptxas' spills or C7520 "wgmma serialized" advisory where it reports them),
+to see which configs an edit changed and what it cost in registers.
+Usage: PYTHONPATH=. python tools/cubin_code_hash.py [--first N] [--per-config] (--first: only the
+first N configs, those an older revision had, when configs were appended since)"""
 import hashlib
 import os
 import struct
@@ -37,12 +40,19 @@ def main():
     configs = gemm.example_sm90_configs()
     if "--first" in sys.argv:
         configs = configs[:int(sys.argv[sys.argv.index("--first") + 1])]
-    for cfg in configs:
-        path, _ = _build.compile_entry("gemm_sm90.cu", gemm.sm90_prelude(cfg), "sm_90a")
+    per_config = "--per-config" in sys.argv
+    for i, cfg in enumerate(configs):
+        path, log = _build.compile_entry("gemm_sm90.cu", gemm.sm90_prelude(cfg), "sm_90a", verbose=per_config)
+        mine = hashlib.sha256()
         for name, data in sorted(code_sections(path.read_bytes()).items()):
             digest.update(name.encode() + data)
             if name.startswith(".text"):
                 text.update(name.encode() + data)
+                mine.update(name.encode() + data)
+        if per_config:
+            flags = [line.strip() for line in log.splitlines()
+                     if "C7520" in line or ("spill" in line and " 0 bytes spill stores" not in line)]
+            print(i, mine.hexdigest()[:12], f"BN={cfg.BN} grouping={cfg.GROUPING}", *flags, flush=True)
     # .nv.constant / .nv.info also change with a new Cfg field that changes no instruction.
     print(f"{len(configs)} configs: {digest.hexdigest()} (instructions alone: {text.hexdigest()})")
 
