@@ -358,7 +358,7 @@ struct LiveResults {  // the accumulators themselves
 template <class Cfg>
 struct HeldResults {  // DEFER_STORE: a finished tile's bf16 results past its first HELD_FROM
   using L = Plan<Cfg>;  // batches, kept while the next tile starts
-  static constexpr int FIRST = L::HELD_FROM * L::STORE_BATCH * 16, PAIRS = Cfg::BN / 4 - FIRST;
+  static constexpr int FIRST = L::HELD_FROM * L::STORE_BATCH * L::UNIT_REGS, PAIRS = Cfg::BN / 4 - FIRST;
   u32 v[L::HALVES][PAIRS > 0 ? PAIRS : 1];
   __device__ __forceinline__ void hold(const float (&acc)[L::HALVES][Cfg::BN / 2]) {
     #pragma unroll

@@ -50,7 +50,8 @@ struct Plan {
   // first MMAs, so the tensor pipes and the load stream stop for fewer stores at each tile switch
   // (what the K-grouped weight gradients' 8 k-step tiles lost, bench/NOTES.md v0.18). Tiles with
   // fewer k-steps than held batches store the rest after their loop.
-  static constexpr int BATCH_REGS = STORE_BATCH * 16 * HALVES;  // a batch's bf16x2 registers a thread
+  static constexpr int UNIT_REGS = 64 * 64 / 128 / 2;  // a bf16 unit's bf16x2 pairs a consumer thread holds
+  static constexpr int BATCH_REGS = STORE_BATCH * UNIT_REGS * HALVES;
   static constexpr int HELD_BATCHES =
       TMA_STORE && C_BYTES == 2 && !PINGPONG && !Cfg::E_STAGED && !Cfg::SPLIT_CLUSTER
           ? (Cfg::DEFER_STORE / BATCH_REGS < STORE_BATCHES ? Cfg::DEFER_STORE / BATCH_REGS : STORE_BATCHES)
