@@ -57,8 +57,7 @@ def side_by_side(first: dict, second: dict) -> None:
 # ~56 GB/s an SM for the row scatter on 51 SMs, ~4 TFLOP/s an SM for the shared d_act on 81.
 BYTES_PER_SM_US = 56e3
 FLOP_PER_SM_US = 4e6
-# The least time the kernel's own SMs save, in us, worth a fork and a join (~4 us each way): tests
-# set 0 to take the beside() path at small sizes.
+# The shortest kernel (us on all the SMs) worth a fork and a join (~4 us each way).
 MIN_BESIDE_US = 20.0
 
 
@@ -74,10 +73,10 @@ def free_sms(kernel_bytes: float, gemm_flop: float, sms: int) -> int:
 
 
 def beside(gemm_work, kernel, free: int) -> None:
-    """gemm_work(sms), GEMM launches confined to `sms` SMs (0: all), on the current stream and kernel()
-    on a side stream at once, `free` SMs left to the kernel (0: one after the other); they must
-    not read what the other writes. The current stream's later work runs after both, and the
-    bits are those of one after the other."""
+    """gemm_work(sms), GEMM launches confined to `sms` SMs (0: all), on the current stream and
+    kernel() on a side stream at once, `free` SMs left to the kernel (0: one after the other);
+    they must not read what the other writes. The current stream's later work runs after both,
+    and the bits are those of one after the other."""
     if free <= 0:
         gemm_work(0)
         kernel()
