@@ -132,27 +132,13 @@ def test_row_moves_beside_the_shared_expert(name, T, routing, monkeypatch):
     """The dy scatter beside the shared expert's d_act (layer.BESIDE; 40 SMs forced to it at these
     small sizes): against the reference, and bitwise what one after the other gives (without a
     shared expert: no change)."""
-    import cupy as cp
-
     from cupy_moe.gpu import layer
 
     cfg = SMALL[name]
     monkeypatch.setattr(layer, "free_sms", lambda *args: 40)
     _check(cfg, T, routing, seed=T + 2)
-    gargs = make_moe_inputs(cfg, T, seed=T + 2, routing=routing, xp=cp)
-    _, gctx = cupy_moe.moe_forward(**gargs, config=cfg)
-    dy = cp.asarray(np.random.default_rng(11).standard_normal((T, cfg.hidden_size),
-                                                              dtype=np.float32).astype(bfloat16))
-    both = cupy_moe.moe_backward(dy, gctx)
-    monkeypatch.setattr(layer, "BESIDE", False)
-    apart = cupy_moe.moe_backward(dy, gctx)
-    for f in both._fields:
-        a, b = getattr(both, f), getattr(apart, f)
-        if a is None or b is None:
-            assert a is None and b is None and not cfg.n_shared_experts, f
-            continue
-        np.testing.assert_array_equal(cp.asnumpy(a).view(np.uint8), cp.asnumpy(b).view(np.uint8),
-                                      err_msg=f)
+    _assert_backward_bits_kept(cfg, T, routing, T + 2, 11,
+                               lambda: monkeypatch.setattr(layer, "BESIDE", False))
 
 
 @pytest.mark.parametrize("name,T,routing", [("aligned", 333, "random"), ("aligned", 4096, "skewed"),
@@ -161,8 +147,6 @@ def test_shared_weight_gradients_side_by_side(name, T, routing, monkeypatch):
     """The shared expert's [dWsg; dWsu] beside dWsd (side_by_side, forced at these small sizes):
     against the reference, and bitwise what one GEMM after the other gives. ("odd" keeps dgs and
     dus apart: its sizes are off the Hopper loop.)"""
-    import cupy as cp
-
     from cupy_moe.gpu import side_by_side
 
     cfg = SMALL[name]
@@ -170,14 +154,27 @@ def test_shared_weight_gradients_side_by_side(name, T, routing, monkeypatch):
     monkeypatch.setattr(side_by_side, "MIN_GAIN_STEPS", 0)
     forced = _check(cfg, T, routing, seed=T + 1)
     np.testing.assert_array_equal(ctx.topk_indices, forced.topk_indices)
-    gargs = make_moe_inputs(cfg, T, seed=T + 1, routing=routing, xp=cp)
+    _assert_backward_bits_kept(cfg, T, routing, T + 1, 9,
+                               lambda: monkeypatch.setattr(side_by_side, "MIN_GAIN_STEPS", 1 << 30))
+
+
+def _assert_backward_bits_kept(cfg, T, routing, seed, dy_seed, switch):
+    """moe_backward of one forward's context (inputs drawn with seed, dy with dy_seed) before and
+    after switch() (a monkeypatch of how the backward schedules its launches): bitwise the same
+    gradients, None only where the config has no shared expert."""
+    import cupy as cp
+
+    gargs = make_moe_inputs(cfg, T, seed=seed, routing=routing, xp=cp)
     _, gctx = cupy_moe.moe_forward(**gargs, config=cfg)
-    dy = cp.asarray(np.random.default_rng(9).standard_normal((T, cfg.hidden_size),
-                                                             dtype=np.float32).astype(bfloat16))
-    both = cupy_moe.moe_backward(dy, gctx)
-    monkeypatch.setattr(side_by_side, "MIN_GAIN_STEPS", 1 << 30)
-    apart = cupy_moe.moe_backward(dy, gctx)
-    for f in both._fields:
-        a, b = getattr(both, f), getattr(apart, f)
+    dy = cp.asarray(np.random.default_rng(dy_seed).standard_normal((T, cfg.hidden_size),
+                                                                   dtype=np.float32).astype(bfloat16))
+    before = cupy_moe.moe_backward(dy, gctx)
+    switch()
+    after = cupy_moe.moe_backward(dy, gctx)
+    for f in before._fields:
+        a, b = getattr(before, f), getattr(after, f)
+        if a is None or b is None:
+            assert a is None and b is None and not cfg.n_shared_experts, f
+            continue
         np.testing.assert_array_equal(cp.asnumpy(a).view(np.uint8), cp.asnumpy(b).view(np.uint8),
                                       err_msg=f)
