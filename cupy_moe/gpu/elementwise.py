@@ -69,9 +69,9 @@ def combine_forward(y_sorted, slot_rows, weights, y_shared):
     return out
 
 
-def combine_backward(dx_sorted, slot_rows, dx_rest, K):
+def combine_backward(dx_sorted, slot_rows, dx_rest, K, out=None):
     T, H = dx_rest.shape
-    dx = cp.empty((T, H), bfloat16)
+    dx = cp.empty((T, H), bfloat16) if out is None else out
     _launch.launch(_build.load_module("combine.cu"), "combine_backward", (_combine_blocks(T, H),), (256,),
                    [ptr(dx_sorted), ptr(slot_rows), ptr(dx_rest), i32(T), i32(H), i32(K), ptr(dx)])
     return dx

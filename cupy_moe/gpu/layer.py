@@ -54,11 +54,20 @@ def experts_backward(x_rows, dy_rows, gate, up, act, offsets, num_experts, wg, w
     """Backward of experts_forward given dL/dy of each row (unweighted: the routing weight of row
     r is weights[row_index[r]], or weights[r]). Returns (dw_rows [rows] fp32 = <da', a>, dx_rows
     [rows, H] bf16, d_gate_w, d_up_w, d_down_w)."""
-    N, H = x_rows.shape
+    dw_rows, dx_rows, saved = experts_data_backward(dy_rows, gate, up, act, offsets, num_experts, wg, wu, wd,
+                                                    weights, row_index)
+    grads, calls = experts_weight_grads(x_rows, dy_rows, *saved, offsets, num_experts)
+    for call in calls:
+        gemm(**call)
+    return (dw_rows, dx_rows) + grads
+
+
+def experts_data_backward(dy_rows, gate, up, act, offsets, num_experts, wg, wu, wd, weights, row_index=None):
+    """experts_backward's data gradients: (dw_rows, dx_rows, (dg, du, aw)), the last for the
+    weight gradients (experts_weight_grads)."""
+    N, H = dy_rows.shape
     I = wg.shape[1]
-    E = num_experts
-    m_grouped = dict(grouping="m", group_offsets=offsets, num_groups=E)
-    k_grouped = dict(grouping="k", group_offsets=offsets, num_groups=E)
+    m_grouped = dict(grouping="m", group_offsets=offsets, num_groups=num_experts)
     # da' = dy Wd per expert, never stored: the GEMM's epilogue turns it into dg, du,
     # aw = bf16(w a) and dw = <da', a> per row (the SwiGLU backward).
     dg, du, aw = (cp.empty((N, I), bfloat16) for _ in range(3))
@@ -68,26 +77,33 @@ def experts_backward(x_rows, dy_rows, gate, up, act, offsets, num_experts, wg, w
          swiglu=SwigluBackward(gate=gate, up=up, dg=dg, du=du, act=act, weights=weights,
                                row_index=row_index, aw=aw, dw=dw_rows),
          **m_grouped)
-    # Weight gradients: each expert reduces over its own rows (empty experts write zeros).
-    d_down_w = cp.empty((E, H, I), bfloat16)
-    transposed = [Segment(aw, I, dy_rows, H, k=N)]
-    if DWD_TRANSPOSED and transposed_applies(I, H, transposed, False, False, d_down_w, I, H * I, "k"):
-        gemm(m=I, n=H, segments=transposed, a_kmajor=False, b_kmajor=False, out=d_down_w, ldc=I,
-             c_group_stride=H * I, out_transposed=True, **k_grouped)
-    else:
-        gemm(m=H, n=I, segments=[Segment(dy_rows, H, aw, I, k=N)], a_kmajor=False, b_kmajor=False,
-             out=d_down_w, ldc=I, c_group_stride=H * I, **k_grouped)
-    del aw
-    d_gate_w, d_up_w = cp.empty((E, I, H), bfloat16), cp.empty((E, I, H), bfloat16)
-    for d, out in ((dg, d_gate_w), (du, d_up_w)):
-        gemm(m=I, n=H, segments=[Segment(d, I, x_rows, H, k=N)], a_kmajor=False, b_kmajor=False,
-             out=out, ldc=H, c_group_stride=I * H, **k_grouped)
     # dgrad: [dg | du] @ [Wg; Wu] per expert.
     dx_rows = cp.empty((N, H), bfloat16)
     gemm(m=N, n=H, segments=[Segment(dg, I, wg, H, k=I, b_group_stride=I * H),
                              Segment(du, I, wu, H, k=I, b_group_stride=I * H)],
          a_kmajor=True, b_kmajor=False, out=dx_rows, ldc=H, **m_grouped)
-    return dw_rows, dx_rows, d_gate_w, d_up_w, d_down_w
+    return dw_rows, dx_rows, (dg, du, aw)
+
+
+def experts_weight_grads(x_rows, dy_rows, dg, du, aw, offsets, num_experts):
+    """The experts' weight gradients, each expert reducing over its own rows (empty experts write
+    zeros): (d_gate_w, d_up_w, d_down_w), allocated, and the gemm() calls that write them, dWd's
+    first."""
+    N, H = x_rows.shape
+    I, E = dg.shape[1], num_experts
+    k_grouped = dict(grouping="k", group_offsets=offsets, num_groups=E)
+    d_down_w = cp.empty((E, H, I), bfloat16)
+    transposed = [Segment(aw, I, dy_rows, H, k=N)]
+    if DWD_TRANSPOSED and transposed_applies(I, H, transposed, False, False, d_down_w, I, H * I, "k"):
+        calls = [dict(m=I, n=H, segments=transposed, a_kmajor=False, b_kmajor=False, out=d_down_w, ldc=I,
+                      c_group_stride=H * I, out_transposed=True, **k_grouped)]
+    else:
+        calls = [dict(m=H, n=I, segments=[Segment(dy_rows, H, aw, I, k=N)], a_kmajor=False, b_kmajor=False,
+                      out=d_down_w, ldc=I, c_group_stride=H * I, **k_grouped)]
+    d_gate_w, d_up_w = cp.empty((E, I, H), bfloat16), cp.empty((E, I, H), bfloat16)
+    calls += [dict(m=I, n=H, segments=[Segment(d, I, x_rows, H, k=N)], a_kmajor=False, b_kmajor=False,
+                   out=out, ldc=H, c_group_stride=I * H, **k_grouped) for d, out in ((dg, d_gate_w), (du, d_up_w))]
+    return (d_gate_w, d_up_w, d_down_w), calls
 
 
 def shared_forward(x, wg, wu, wd):
@@ -153,12 +169,13 @@ def backward(dy, ctx: MoEContext) -> MoEGradients:
     x_sorted = ctx.sorted_hidden_states
     if x_sorted is None:
         x_sorted = elementwise.rows_by_expert(x, ctx.slot_rows, K)
-    dw_sorted, dx_sorted, d_gate_w, d_up_w, d_down_w = experts_backward(
-        x_sorted, dy_sorted, ctx.gate, ctx.up, ctx.act, ctx.expert_offsets, E,
-        ctx.expert_gate_weight, ctx.expert_up_weight, ctx.expert_down_weight,
-        weights=ctx.topk_weights, row_index=slots)
-    del dy_sorted, x_sorted
-    return backward_tail(dy, ctx, dx_sorted, dw_sorted, d_gate_w, d_up_w, d_down_w, shared_d)
+    dw_sorted, dx_sorted, saved = experts_data_backward(
+        dy_sorted, ctx.gate, ctx.up, ctx.act, ctx.expert_offsets, E, ctx.expert_gate_weight,
+        ctx.expert_up_weight, ctx.expert_down_weight, weights=ctx.topk_weights, row_index=slots)
+    # The weight gradients last: the first of them beside the combine (backward_tail).
+    grads, wgrads = experts_weight_grads(x_sorted, dy_sorted, *saved, ctx.expert_offsets, E)
+    del dy_sorted, x_sorted, saved
+    return backward_tail(dy, ctx, dx_sorted, dw_sorted, *grads, shared_d, wgrads)
 
 
 def _flop(call: dict) -> float:
@@ -215,10 +232,13 @@ def _shared_weight_grads(dy, ctx: MoEContext, shared_d):
     return d_wsg, d_wsu, d_wsd
 
 
-def backward_tail(dy, ctx: MoEContext, dx_sorted, dw_sorted, d_gate_w, d_up_w, d_down_w, shared_d=None):
+def backward_tail(dy, ctx: MoEContext, dx_sorted, dw_sorted, d_gate_w, d_up_w, d_down_w, shared_d=None,
+                  wgrads=()):
     """The tokens' side of the backward, given the routed experts' dx rows and dw = <da', a> in
     the sorted order: the router, the shared expert and dx. shared_d: the shared expert's d_act
-    results (_shared_d_act) where the caller already ran it."""
+    results (_shared_d_act) where the caller already ran it; wgrads: the gemm() calls of the
+    routed experts' weight gradients where the caller left them to run here, the first beside
+    the combine."""
     cfg = ctx.config
     x = ctx.hidden_states
     T, H = x.shape
@@ -243,7 +263,18 @@ def backward_tail(dy, ctx: MoEContext, dx_sorted, dw_sorted, d_gate_w, d_up_w, d
     dx_rest = cp.empty((T, H), cp.float32)
     gemm(m=T, n=H, segments=dx_segments, a_kmajor=True, b_kmajor=False, out=dx_rest, ldc=H,
          epilogue="f32")
-    dx = elementwise.combine_backward(dx_sorted, ctx.slot_rows, dx_rest, K)
+    # The combine on a few SMs beside the first weight gradient, whose 22K tiles (at T = 8192)
+    # are spread over the rest by the tile claims: both take about as long.
+    dx = cp.empty((T, H), bfloat16)
+    combine = partial(elementwise.combine_backward, dx_sorted, ctx.slot_rows, dx_rest, K, out=dx)
+    if wgrads:
+        moved = dx_sorted.nbytes + dx_rest.nbytes + dx.nbytes
+        beside(lambda sms: gemm(**wgrads[0], max_ctas=sms), combine,
+               free_sms(moved, _flop(wgrads[0]), device_sms()) if BESIDE else 0)
+        for call in wgrads[1:]:
+            gemm(**call)
+    else:
+        combine()
     return MoEGradients(hidden_states=dx, router_weight=d_router_w, expert_gate_weight=d_gate_w,
                         expert_up_weight=d_up_w, expert_down_weight=d_down_w,
                         shared_expert_gate_weight=shared[0], shared_expert_up_weight=shared[1],
