@@ -1,0 +1,123 @@
+"""Work per joule under sustained load: each case runs back to back for --seconds (after as long
+again to reach the power cap), timed by CUDA events, its energy read from NVML's counter (ctypes,
+no extra package), the SM clock sampled while it runs. Under the power cap a call's time is its
+energy over the cap's watts, so TFLOP per joule is the number a kernel change has to raise there;
+cuBLAS at the same shape is the peer. Cases rotate between --rounds.
+Usage (device): PYTHONPATH=. python bench/energy.py [--seconds 2] [--rounds 2] [--T 8192]"""
+import argparse
+import ctypes
+import statistics
+
+import numpy as np
+
+
+class Nvml:
+    """The three NVML reads this needs, for the current CuPy device (matched by PCI bus id)."""
+
+    def __init__(self):
+        import cupy as cp
+
+        self.lib = ctypes.CDLL("libnvidia-ml.so.1")
+        self._ok(self.lib.nvmlInit_v2())
+        self.handle = ctypes.c_void_p()
+        bus = cp.cuda.Device().pci_bus_id.encode()
+        self._ok(self.lib.nvmlDeviceGetHandleByPciBusId_v2(bus, ctypes.byref(self.handle)))
+
+    @staticmethod
+    def _ok(rc):
+        if rc != 0:
+            raise RuntimeError(f"NVML call failed with status {rc}")
+
+    def energy_mj(self) -> int:
+        v = ctypes.c_ulonglong()
+        self._ok(self.lib.nvmlDeviceGetTotalEnergyConsumption(self.handle, ctypes.byref(v)))
+        return v.value
+
+    def sm_mhz(self) -> int:
+        v = ctypes.c_uint()
+        self._ok(self.lib.nvmlDeviceGetClockInfo(self.handle, 1, ctypes.byref(v)))  # NVML_CLOCK_SM
+        return v.value
+
+    def power_limit_w(self) -> float:
+        v = ctypes.c_uint()
+        self._ok(self.lib.nvmlDeviceGetEnforcedPowerLimit(self.handle, ctypes.byref(v)))
+        return v.value / 1e3
+
+
+def sustained(nvml, fn, seconds):
+    """(us a call, J a call, mean W, median SM MHz) over ~seconds of back-to-back calls."""
+    import cupy as cp
+
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    n = max(5, int(seconds / (cp.cuda.get_elapsed_time(start, end) / 1e3)))
+    for _ in range(n):  # reach the cap
+        fn()
+    cp.cuda.Device().synchronize()
+    mhz = []
+    e0 = nvml.energy_mj()
+    start.record()
+    for i in range(n):
+        fn()
+        if i % max(1, n // 20) == 0:
+            mhz.append(nvml.sm_mhz())
+    end.record()
+    end.synchronize()
+    joules = (nvml.energy_mj() - e0) / 1e3
+    secs = cp.cuda.get_elapsed_time(start, end) / 1e3
+    return secs / n * 1e6, joules / n, joules / secs, statistics.median(mhz)
+
+
+def cases(T):
+    import cupy as cp
+
+    import cupy_moe
+    from cupy_moe import bfloat16
+    from cupy_moe.gpu.gemm import Segment, gemm
+    from cupy_moe.testing import make_moe_inputs
+
+    def rand(*shape):
+        return cp.random.standard_normal(shape, dtype=cp.float32).astype(bfloat16)
+
+    out = {}
+    # The routed dgrad's shape as one dense GEMM, and a square-ish one: ours and cuBLAS.
+    for M, N, K in ((65536, 4096, 2816), (16384, 4096, 4096)):
+        A, B, C = rand(M, K), rand(K, N), cp.empty((M, N), bfloat16)
+        seg = [Segment(A, K, B, N, k=K)]
+        flop = 2 * M * N * K
+        out[f"dense {M}x{N}x{K} ours"] = (flop, lambda seg=seg, C=C, M=M, N=N: gemm(
+            m=M, n=N, segments=seg, a_kmajor=True, b_kmajor=False, out=C, ldc=N))
+        out[f"dense {M}x{N}x{K} cuBLAS"] = (flop, lambda A=A, B=B: cp.matmul(A, B))
+    cfg = cupy_moe.MoEConfig.glm45_air()
+    a = make_moe_inputs(cfg, T, seed=0, xp=cp)
+    dy = make_moe_inputs(cfg, T, seed=1, xp=cp)["hidden_states"]
+    _, ctx = cupy_moe.moe_forward(**a, config=cfg)
+    H, I, E = cfg.hidden_size, cfg.moe_intermediate_size, cfg.n_routed_experts
+    out[f"layer backward T={T}"] = (T * (108 * H * I + 4 * H * E), lambda: cupy_moe.moe_backward(dy, ctx))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--T", type=int, default=8192)
+    args = ap.parse_args()
+    nvml = Nvml()
+    work = cases(args.T)
+    print(f"enforced power limit {nvml.power_limit_w():.0f} W; {args.seconds:g} s of back-to-back calls a case")
+    print(f"{'case':<34}{'round':>6}{'us/call':>10}{'TFLOP/s':>9}{'J/call':>9}{'W':>6}{'MHz':>6}{'TFLOP/J':>9}")
+    names = list(work)
+    for r in range(args.rounds):
+        for name in np.roll(names, -r):
+            flop, fn = work[name]
+            us, j, w, mhz = sustained(nvml, fn, args.seconds)
+            print(f"{name:<34}{r:>6}{us:10.1f}{flop / us / 1e6:9.1f}{j:9.3f}{w:6.0f}{mhz:6.0f}"
+                  f"{flop / j / 1e12:9.3f}")
+
+
+if __name__ == "__main__":
+    main()
