@@ -2,11 +2,14 @@
 again to reach the power cap), timed by CUDA events, its energy read from NVML's counter (ctypes,
 no extra package), the SM clock sampled while it runs. Under the power cap a call's time is its
 energy over the cap's watts, so TFLOP per joule is the number a kernel change has to raise there;
-cuBLAS at the same shape is the peer. Cases rotate between --rounds.
+cuBLAS at the same shape is the dense GEMMs' peer, the anchor's autograd peer the layer's (where
+PyTorch is installed). Cases rotate between --rounds.
 Usage (device): PYTHONPATH=. python bench/energy.py [--seconds 2] [--rounds 2] [--T 8192]"""
 import argparse
 import ctypes
+import os
 import statistics
+import sys
 
 import numpy as np
 
@@ -33,6 +36,11 @@ class Nvml:
         self._ok(self.lib.nvmlDeviceGetTotalEnergyConsumption(self.handle, ctypes.byref(v)))
         return v.value
 
+    def power_w(self) -> float:
+        v = ctypes.c_uint()
+        self._ok(self.lib.nvmlDeviceGetPowerUsage(self.handle, ctypes.byref(v)))  # mW
+        return v.value / 1e3
+
     def sm_mhz(self) -> int:
         v = ctypes.c_uint()
         self._ok(self.lib.nvmlDeviceGetClockInfo(self.handle, 1, ctypes.byref(v)))  # NVML_CLOCK_SM
@@ -45,7 +53,10 @@ class Nvml:
 
 
 def sustained(nvml, fn, seconds):
-    """(us a call, J a call, mean W, median SM MHz) over ~seconds of back-to-back calls."""
+    """(us a call, J a call, mean W, median SM MHz, source) over ~seconds of back-to-back calls.
+    The energy is the counter's difference; where the counter does not move (seen on the lent
+    H200's VM: 0 mJ over seconds of load), the mean of the power readings taken while it ran times
+    the time (source says which)."""
     import cupy as cp
 
     start, end = cp.cuda.Event(), cp.cuda.Event()
@@ -57,18 +68,21 @@ def sustained(nvml, fn, seconds):
     for _ in range(n):  # reach the cap
         fn()
     cp.cuda.Device().synchronize()
-    mhz = []
+    mhz, watts = [], []
     e0 = nvml.energy_mj()
     start.record()
     for i in range(n):
         fn()
         if i % max(1, n // 20) == 0:
             mhz.append(nvml.sm_mhz())
+            watts.append(nvml.power_w())
     end.record()
     end.synchronize()
-    joules = (nvml.energy_mj() - e0) / 1e3
     secs = cp.cuda.get_elapsed_time(start, end) / 1e3
-    return secs / n * 1e6, joules / n, joules / secs, statistics.median(mhz)
+    joules, source = (nvml.energy_mj() - e0) / 1e3, "counter"
+    if joules <= 0:
+        joules, source = statistics.mean(watts) * secs, "power"
+    return secs / n * 1e6, joules / n, joules / secs, statistics.median(mhz), source
 
 
 def cases(T):
@@ -96,7 +110,14 @@ def cases(T):
     dy = make_moe_inputs(cfg, T, seed=1, xp=cp)["hidden_states"]
     _, ctx = cupy_moe.moe_forward(**a, config=cfg)
     H, I, E = cfg.hidden_size, cfg.moe_intermediate_size, cfg.n_routed_experts
-    out[f"layer backward T={T}"] = (T * (108 * H * I + 4 * H * E), lambda: cupy_moe.moe_backward(dy, ctx))
+    flop = T * (108 * H * I + 4 * H * E)
+    out[f"layer backward T={T}"] = (flop, lambda: cupy_moe.moe_backward(dy, ctx))
+    sys.path.insert(0, os.path.dirname(__file__))
+    from benchmark import layer_torch_autograd_peer
+
+    peer = layer_torch_autograd_peer(dy, ctx)  # None without PyTorch
+    if peer is not None:
+        out[f"layer backward T={T} torch ag"] = (flop, peer)
     return out
 
 
@@ -109,14 +130,15 @@ def main():
     nvml = Nvml()
     work = cases(args.T)
     print(f"enforced power limit {nvml.power_limit_w():.0f} W; {args.seconds:g} s of back-to-back calls a case")
-    print(f"{'case':<34}{'round':>6}{'us/call':>10}{'TFLOP/s':>9}{'J/call':>9}{'W':>6}{'MHz':>6}{'TFLOP/J':>9}")
+    print(f"{'case':<34}{'round':>6}{'us/call':>10}{'TFLOP/s':>9}{'J/call':>9}{'W':>6}{'MHz':>6}{'TFLOP/J':>9}"
+          "  energy from")
     names = list(work)
     for r in range(args.rounds):
         for name in np.roll(names, -r):
             flop, fn = work[name]
-            us, j, w, mhz = sustained(nvml, fn, args.seconds)
+            us, j, w, mhz, source = sustained(nvml, fn, args.seconds)
             print(f"{name:<34}{r:>6}{us:10.1f}{flop / us / 1e6:9.1f}{j:9.3f}{w:6.0f}{mhz:6.0f}"
-                  f"{flop / j / 1e12:9.3f}")
+                  f"{flop / j / 1e12:9.3f}  {source}")
 
 
 if __name__ == "__main__":
