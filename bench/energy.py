@@ -4,7 +4,7 @@ no extra package), the SM clock sampled while it runs. Under the power cap a cal
 energy over the cap's watts, so TFLOP per joule is the number a kernel change has to raise there;
 cuBLAS at the same shape is the dense GEMMs' peer, the anchor's autograd peer the layer's (where
 PyTorch is installed). Cases rotate between --rounds.
-Usage (device): PYTHONPATH=. python bench/energy.py [--seconds 2] [--rounds 2] [--T 8192]"""
+Usage (device): PYTHONPATH=. python bench/energy.py [--seconds 2] [--rounds 2] [--T 8192] [name part ...]"""
 import argparse
 import ctypes
 import os
@@ -105,6 +105,20 @@ def cases(T):
         out[f"dense {M}x{N}x{K} ours"] = (flop, lambda seg=seg, C=C, M=M, N=N: gemm(
             m=M, n=N, segments=seg, a_kmajor=True, b_kmajor=False, out=C, ldc=N))
         out[f"dense {M}x{N}x{K} cuBLAS"] = (flop, lambda A=A, B=B: cp.matmul(A, B))
+    # The layer's grouped GEMMs alone at balanced routing (T * 8 rows over 128 experts): the routed
+    # dgrad's shape (M-grouped) and a weight gradient's (K-grouped, [1408 x 4096] an expert).
+    rows, E_, H_, I_ = T * 8, 128, 4096, 1408
+    offs = cp.asarray(np.linspace(0, rows, E_ + 1).astype(np.int32))
+    grouped = dict(group_offsets=offs, num_groups=E_)
+    A, W, C = rand(rows, 2 * I_), rand(E_, 2 * I_, H_), cp.empty((rows, H_), bfloat16)
+    seg = [Segment(A, 2 * I_, W, H_, k=2 * I_, b_group_stride=2 * I_ * H_)]
+    out[f"M-grouped {rows}x{H_}x{2 * I_} ours"] = (2 * rows * H_ * 2 * I_, lambda: gemm(
+        m=rows, n=H_, segments=seg, a_kmajor=True, b_kmajor=False, out=C, ldc=H_, grouping="m", **grouped))
+    D, X, G = rand(rows, I_), rand(rows, H_), cp.empty((E_, I_, H_), bfloat16)
+    kseg = [Segment(D, I_, X, H_, k=rows)]
+    out[f"K-grouped {I_}x{H_} per expert ours"] = (2 * rows * H_ * I_, lambda: gemm(
+        m=I_, n=H_, segments=kseg, a_kmajor=False, b_kmajor=False, out=G, ldc=H_, c_group_stride=I_ * H_,
+        grouping="k", **grouped))
     cfg = cupy_moe.MoEConfig.glm45_air()
     a = make_moe_inputs(cfg, T, seed=0, xp=cp)
     dy = make_moe_inputs(cfg, T, seed=1, xp=cp)["hidden_states"]
@@ -126,9 +140,10 @@ def main():
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--T", type=int, default=8192)
+    ap.add_argument("only", nargs="*", help="run the cases whose name holds one of these")
     args = ap.parse_args()
     nvml = Nvml()
-    work = cases(args.T)
+    work = {k: v for k, v in cases(args.T).items() if not args.only or any(o in k for o in args.only)}
     print(f"enforced power limit {nvml.power_limit_w():.0f} W; {args.seconds:g} s of back-to-back calls a case")
     print(f"{'case':<34}{'round':>6}{'us/call':>10}{'TFLOP/s':>9}{'J/call':>9}{'W':>6}{'MHz':>6}{'TFLOP/J':>9}"
           "  energy from")

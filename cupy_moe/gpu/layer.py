@@ -25,10 +25,12 @@ from .side_by_side import beside, free_sms, side_by_side
 # (its 176 tiles then fit beside [dWsg; dWsu]'s 352 in whole rounds). CUPY_MOE_LAYER_DWD_TRANSPOSED=0
 # turns both off (the whole GPU suite passed with it on: v0.12, v0.15).
 DWD_TRANSPOSED = os.environ.get("CUPY_MOE_LAYER_DWD_TRANSPOSED", "1") != "0"
-# The backward's scatter of dy into the experts' order runs on a few SMs beside the shared
-# expert's d_act, which reads dy in token order (side_by_side.beside: the SMs split so both take
-# about as long): at T = 8192 the call's span -30..-60 us (traced calls, bench/NOTES.md v0.23).
-# The same bits either way. CUPY_MOE_LAYER_BESIDE=0: one after the other.
+# The backward's two memory-bound row moves run on a few SMs beside a GEMM (side_by_side.beside:
+# the SMs split so both take about as long): the scatter of dy into the experts' order beside the
+# shared expert's d_act, which reads dy in token order (the call's span -30..-60 us at T = 8192),
+# and the combine beside the routed dWd, which runs after the tokens' side for it (-20..-80 us;
+# traced calls, bench/NOTES.md v0.23-v0.24). The same bits either way. CUPY_MOE_LAYER_BESIDE=0:
+# one after the other (the weight gradients still run last).
 BESIDE = os.environ.get("CUPY_MOE_LAYER_BESIDE", "1") != "0"
 
 
