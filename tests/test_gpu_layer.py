@@ -129,9 +129,9 @@ def test_dwd_stored_transposed_or_not(name, T, routing, transposed, monkeypatch)
 @pytest.mark.parametrize("name,T,routing", [("aligned", 333, "random"), ("aligned", 4096, "skewed"),
                                             ("odd", 64, "random"), ("no_shared_unnormalized", 97, "random")])
 def test_row_moves_beside_the_shared_expert(name, T, routing, monkeypatch):
-    """The dy scatter beside the shared expert's d_act and the combine beside the first weight
-    gradient (layer.BESIDE; 40 SMs forced to them at these small sizes): against the reference,
-    and bitwise what one after the other gives (with and without a shared expert)."""
+    """The dy scatter beside the shared expert's d_act and the combine beside the routed dWg
+    (layer.BESIDE; 40 SMs forced to them at these small sizes): against the reference, and
+    bitwise what one after the other gives (with and without a shared expert)."""
     from cupy_moe.gpu import layer
 
     cfg = SMALL[name]

@@ -28,9 +28,9 @@ DWD_TRANSPOSED = os.environ.get("CUPY_MOE_LAYER_DWD_TRANSPOSED", "1") != "0"
 # The backward's two memory-bound row moves run on a few SMs beside a GEMM (side_by_side.beside:
 # the SMs split so both take about as long): the scatter of dy into the experts' order beside the
 # shared expert's d_act, which reads dy in token order (the call's span -30..-60 us at T = 8192),
-# and the combine beside the routed dWd, which runs after the tokens' side for it (-20..-80 us;
+# and the combine beside the routed dWg, which runs after the tokens' side for it (-30..-50 us;
 # traced calls, bench/NOTES.md v0.23-v0.24). The same bits either way. CUPY_MOE_LAYER_BESIDE=0:
-# one after the other (the weight gradients still run last).
+# one after the other (dWg still runs last).
 BESIDE = os.environ.get("CUPY_MOE_LAYER_BESIDE", "1") != "0"
 
 
@@ -56,17 +56,20 @@ def experts_backward(x_rows, dy_rows, gate, up, act, offsets, num_experts, wg, w
     """Backward of experts_forward given dL/dy of each row (unweighted: the routing weight of row
     r is weights[row_index[r]], or weights[r]). Returns (dw_rows [rows] fp32 = <da', a>, dx_rows
     [rows, H] bf16, d_gate_w, d_up_w, d_down_w)."""
-    dw_rows, dx_rows, saved = experts_data_backward(dy_rows, gate, up, act, offsets, num_experts, wg, wu, wd,
-                                                    weights, row_index)
-    grads, calls = experts_weight_grads(x_rows, dy_rows, *saved, offsets, num_experts)
-    for call in calls:
+    dw_rows, dx_rows, (dg, du, aw) = experts_data_backward(dy_rows, gate, up, act, offsets, num_experts,
+                                                           wg, wu, wd, weights, row_index)
+    grads = []
+    for grad, call in (input_weight_grad(dg, x_rows, offsets, num_experts),
+                       input_weight_grad(du, x_rows, offsets, num_experts),
+                       down_weight_grad(dy_rows, aw, offsets, num_experts)):
         gemm(**call)
-    return (dw_rows, dx_rows) + grads
+        grads.append(grad)
+    return (dw_rows, dx_rows, *grads)  # d_gate_w, d_up_w, d_down_w
 
 
 def experts_data_backward(dy_rows, gate, up, act, offsets, num_experts, wg, wu, wd, weights, row_index=None):
     """experts_backward's data gradients: (dw_rows, dx_rows, (dg, du, aw)), the last for the
-    weight gradients (experts_weight_grads)."""
+    weight gradients (down_weight_grad, input_weight_grad)."""
     N, H = dy_rows.shape
     I = wg.shape[1]
     m_grouped = dict(grouping="m", group_offsets=offsets, num_groups=num_experts)
@@ -87,25 +90,29 @@ def experts_data_backward(dy_rows, gate, up, act, offsets, num_experts, wg, wu, 
     return dw_rows, dx_rows, (dg, du, aw)
 
 
-def experts_weight_grads(x_rows, dy_rows, dg, du, aw, offsets, num_experts):
-    """The experts' weight gradients, each expert reducing over its own rows (empty experts write
-    zeros): (d_gate_w, d_up_w, d_down_w), allocated, and the gemm() calls that write them, dWd's
-    first."""
-    N, H = x_rows.shape
-    I, E = dg.shape[1], num_experts
-    k_grouped = dict(grouping="k", group_offsets=offsets, num_groups=E)
+def down_weight_grad(dy_rows, aw, offsets, num_experts):
+    """Each expert's dWd [H, I] = dy^T aw over its own rows (empty experts write zeros): the
+    gradient, allocated, and the gemm() call that writes it."""
+    N, H = dy_rows.shape
+    I, E = aw.shape[1], num_experts
     d_down_w = cp.empty((E, H, I), bfloat16)
+    k_grouped = dict(grouping="k", group_offsets=offsets, num_groups=E)
     transposed = [Segment(aw, I, dy_rows, H, k=N)]
     if DWD_TRANSPOSED and transposed_applies(I, H, transposed, False, False, d_down_w, I, H * I, "k"):
-        calls = [dict(m=I, n=H, segments=transposed, a_kmajor=False, b_kmajor=False, out=d_down_w, ldc=I,
-                      c_group_stride=H * I, out_transposed=True, **k_grouped)]
-    else:
-        calls = [dict(m=H, n=I, segments=[Segment(dy_rows, H, aw, I, k=N)], a_kmajor=False, b_kmajor=False,
-                      out=d_down_w, ldc=I, c_group_stride=H * I, **k_grouped)]
-    d_gate_w, d_up_w = cp.empty((E, I, H), bfloat16), cp.empty((E, I, H), bfloat16)
-    calls += [dict(m=I, n=H, segments=[Segment(d, I, x_rows, H, k=N)], a_kmajor=False, b_kmajor=False,
-                   out=out, ldc=H, c_group_stride=I * H, **k_grouped) for d, out in ((dg, d_gate_w), (du, d_up_w))]
-    return (d_gate_w, d_up_w, d_down_w), calls
+        return d_down_w, dict(m=I, n=H, segments=transposed, a_kmajor=False, b_kmajor=False, out=d_down_w,
+                              ldc=I, c_group_stride=H * I, out_transposed=True, **k_grouped)
+    return d_down_w, dict(m=H, n=I, segments=[Segment(dy_rows, H, aw, I, k=N)], a_kmajor=False,
+                          b_kmajor=False, out=d_down_w, ldc=I, c_group_stride=H * I, **k_grouped)
+
+
+def input_weight_grad(d, x_rows, offsets, num_experts):
+    """Each expert's dWg (d = dg) or dWu (d = du) [I, H] = d^T x over its own rows (empty experts
+    write zeros): the gradient, allocated, and the gemm() call that writes it."""
+    N, H = x_rows.shape
+    I, E = d.shape[1], num_experts
+    out = cp.empty((E, I, H), bfloat16)
+    return out, dict(m=I, n=H, segments=[Segment(d, I, x_rows, H, k=N)], a_kmajor=False, b_kmajor=False,
+                     out=out, ldc=H, c_group_stride=I * H, grouping="k", group_offsets=offsets, num_groups=E)
 
 
 def shared_forward(x, wg, wu, wd):
@@ -171,13 +178,22 @@ def backward(dy, ctx: MoEContext) -> MoEGradients:
     x_sorted = ctx.sorted_hidden_states
     if x_sorted is None:
         x_sorted = elementwise.rows_by_expert(x, ctx.slot_rows, K)
-    dw_sorted, dx_sorted, saved = experts_data_backward(
+    dw_sorted, dx_sorted, (dg, du, aw) = experts_data_backward(
         dy_sorted, ctx.gate, ctx.up, ctx.act, ctx.expert_offsets, E, ctx.expert_gate_weight,
         ctx.expert_up_weight, ctx.expert_down_weight, weights=ctx.topk_weights, row_index=slots)
-    # The weight gradients last: the first of them beside the combine (backward_tail).
-    grads, wgrads = experts_weight_grads(x_sorted, dy_sorted, *saved, ctx.expert_offsets, E)
-    del dy_sorted, x_sorted, saved
-    return backward_tail(dy, ctx, dx_sorted, dw_sorted, *grads, shared_d, wgrads)
+    # dWd and dWu now, each gradient allocated as its GEMM is queued and what it alone reads
+    # dropped after it, so fewer arrays are live at once; dWg waits for the tokens' side, to run
+    # beside the combine (backward_tail): of what it reads only dg outlives the rest (x_sorted is
+    # ctx's). (dWg last against all three last: call span -20..-30 us, bench/NOTES.md v0.24.)
+    d_down_w, call = down_weight_grad(dy_sorted, aw, ctx.expert_offsets, E)
+    gemm(**call)
+    del dy_sorted, aw, call
+    d_up_w, call = input_weight_grad(du, x_sorted, ctx.expert_offsets, E)
+    gemm(**call)
+    del du, call
+    d_gate_w, last = input_weight_grad(dg, x_sorted, ctx.expert_offsets, E)
+    del dg, x_sorted
+    return backward_tail(dy, ctx, dx_sorted, dw_sorted, d_gate_w, d_up_w, d_down_w, shared_d, [last])
 
 
 def _flop(call: dict) -> float:
@@ -238,9 +254,8 @@ def backward_tail(dy, ctx: MoEContext, dx_sorted, dw_sorted, d_gate_w, d_up_w, d
                   wgrads=()):
     """The tokens' side of the backward, given the routed experts' dx rows and dw = <da', a> in
     the sorted order: the router, the shared expert and dx. shared_d: the shared expert's d_act
-    results (_shared_d_act) where the caller already ran it; wgrads: the gemm() calls of the
-    routed experts' weight gradients where the caller left them to run here, the first beside
-    the combine."""
+    results (_shared_d_act) where the caller already ran it; wgrads: gemm() calls of the routed
+    experts' weight gradients that the caller left to run here, the first beside the combine."""
     cfg = ctx.config
     x = ctx.hidden_states
     T, H = x.shape
