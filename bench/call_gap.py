@@ -11,21 +11,13 @@ the spin's length, and "queued" still times the GPU from the spin's end.
 Usage (device): PYTHONPATH=. python bench/call_gap.py [--T 8192] [--reps 20] [--spin-ms 20]
                 [layer|sol080 ...]"""
 import argparse
+import os
 import statistics
+import sys
 import time
 
-# profile_kernels.hold_gpu is not imported: that module turns SOL-080's graphs off.
-_SPIN = r"""extern "C" __global__ void spin(long long cycles) {
-  const long long t0 = clock64();
-  while (clock64() - t0 < cycles) {}
-}"""
-
-
-def hold_gpu(ms):
-    """One thread spinning ~ms (at up to 2 GHz) so the call queues up behind it."""
-    import cupy as cp
-
-    cp.RawKernel(_SPIN, "spin")((1,), (1,), (cp.int64(int(ms * 2e6)),))
+sys.path.insert(0, os.path.dirname(__file__))
+from spin import hold_gpu  # noqa: E402 (not profile_kernels': that module turns SOL-080's graphs off)
 
 
 def calls(which, T):

@@ -19,6 +19,9 @@ import cupy as cp
 import cupy_moe
 from cupy_moe import _launch
 
+sys.path.insert(0, os.path.dirname(__file__))
+from spin import hold_gpu  # noqa: E402
+
 
 def traced(calls):
     original = _launch.launch
@@ -38,17 +41,6 @@ def traced(calls):
 
 
 WARM_SECONDS = float(os.environ.get("CUPY_MOE_PROFILE_WARM", "0"))
-_SPIN = r"""extern "C" __global__ void spin(long long cycles) {
-  const long long t0 = clock64();
-  while (clock64() - t0 < cycles) {}
-}"""
-
-
-def hold_gpu(ms=20.0):
-    """Keep the GPU busy for ~ms so the traced call's launches all queue up behind this kernel:
-    their events then time the GPU alone (kernels of both streams, overlapped as they ran),
-    not the host's launch gaps."""
-    cp.RawKernel(_SPIN, "spin")((1,), (1,), (cp.int64(int(ms * 2e6)),))
 
 
 def profile(fn, label):
