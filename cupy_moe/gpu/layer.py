@@ -193,7 +193,7 @@ def backward(dy, ctx: MoEContext) -> MoEGradients:
     del du, call
     d_gate_w, last = input_weight_grad(dg, x_sorted, ctx.expert_offsets, E)
     del dg, x_sorted
-    return backward_tail(dy, ctx, dx_sorted, dw_sorted, d_gate_w, d_up_w, d_down_w, shared_d, [last])
+    return backward_tail(dy, ctx, dx_sorted, dw_sorted, d_gate_w, d_up_w, d_down_w, shared_d, last)
 
 
 def _flop(call: dict) -> float:
@@ -251,11 +251,11 @@ def _shared_weight_grads(dy, ctx: MoEContext, shared_d):
 
 
 def backward_tail(dy, ctx: MoEContext, dx_sorted, dw_sorted, d_gate_w, d_up_w, d_down_w, shared_d=None,
-                  wgrads=()):
+                  wgrad=None):
     """The tokens' side of the backward, given the routed experts' dx rows and dw = <da', a> in
     the sorted order: the router, the shared expert and dx. shared_d: the shared expert's d_act
-    results (_shared_d_act) where the caller already ran it; wgrads: gemm() calls of the routed
-    experts' weight gradients that the caller left to run here, the first beside the combine."""
+    results (_shared_d_act) where the caller already ran it; wgrad: the gemm() call of a routed
+    weight gradient that the caller left to run here, beside the combine."""
     cfg = ctx.config
     x = ctx.hidden_states
     T, H = x.shape
@@ -280,16 +280,14 @@ def backward_tail(dy, ctx: MoEContext, dx_sorted, dw_sorted, d_gate_w, d_up_w, d
     dx_rest = cp.empty((T, H), cp.float32)
     gemm(m=T, n=H, segments=dx_segments, a_kmajor=True, b_kmajor=False, out=dx_rest, ldc=H,
          epilogue="f32")
-    # The combine on a few SMs beside the first weight gradient, whose 22K tiles (at T = 8192)
-    # are spread over the rest by the tile claims: both take about as long.
+    # The combine on a few SMs beside the weight gradient, whose 22K tiles (at T = 8192) are
+    # spread over the rest by the tile claims: both take about as long.
     dx = cp.empty((T, H), bfloat16)
     combine = partial(elementwise.combine_backward, dx_sorted, ctx.slot_rows, dx_rest, K, out=dx)
-    if wgrads:
+    if wgrad is not None:
         moved = dx_sorted.nbytes + dx_rest.nbytes + dx.nbytes
-        beside(lambda sms: gemm(**wgrads[0], max_ctas=sms), combine,
-               free_sms(moved, _flop(wgrads[0]), device_sms()) if BESIDE else 0)
-        for call in wgrads[1:]:
-            gemm(**call)
+        beside(lambda sms: gemm(**wgrad, max_ctas=sms), combine,
+               free_sms(moved, _flop(wgrad), device_sms()) if BESIDE else 0)
     else:
         combine()
     return MoEGradients(hidden_states=dx, router_weight=d_router_w, expert_gate_weight=d_gate_w,
