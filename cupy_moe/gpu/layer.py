@@ -171,8 +171,7 @@ def backward(dy, ctx: MoEContext) -> MoEGradients:
     shared_d = None
     if ctx.config.n_shared_experts:
         d_act, shared_d = _shared_d_act(dy, ctx)
-        free = free_sms(dy.nbytes + dy_sorted.nbytes, _flop(d_act), device_sms()) if BESIDE else 0
-        beside(lambda sms: gemm(**d_act, max_ctas=sms), scatter, free)
+        _gemm_beside(d_act, scatter, dy.nbytes + dy_sorted.nbytes)
     else:
         scatter()
     x_sorted = ctx.sorted_hidden_states
@@ -199,6 +198,13 @@ def backward(dy, ctx: MoEContext) -> MoEGradients:
 def _flop(call: dict) -> float:
     """A gemm() call's multiply-adds x 2."""
     return 2.0 * call["m"] * call["n"] * sum(s.k for s in call["segments"])
+
+
+def _gemm_beside(call: dict, kernel, kernel_bytes: int) -> None:
+    """gemm(**call) with kernel(), a memory-bound kernel moving kernel_bytes, on the SMs free_sms
+    leaves it (BESIDE; else, or where it is too short, one after the other)."""
+    free = free_sms(kernel_bytes, _flop(call), device_sms()) if BESIDE else 0
+    beside(lambda sms: gemm(**call, max_ctas=sms), kernel, free)
 
 
 def _shared_d_act(dy, ctx: MoEContext):
@@ -285,9 +291,7 @@ def backward_tail(dy, ctx: MoEContext, dx_sorted, dw_sorted, d_gate_w, d_up_w, d
     dx = cp.empty((T, H), bfloat16)
     combine = partial(elementwise.combine_backward, dx_sorted, ctx.slot_rows, dx_rest, K, out=dx)
     if wgrad is not None:
-        moved = dx_sorted.nbytes + dx_rest.nbytes + dx.nbytes
-        beside(lambda sms: gemm(**wgrad, max_ctas=sms), combine,
-               free_sms(moved, _flop(wgrad), device_sms()) if BESIDE else 0)
+        _gemm_beside(wgrad, combine, dx_sorted.nbytes + dx_rest.nbytes + dx.nbytes)
     else:
         combine()
     return MoEGradients(hidden_states=dx, router_weight=d_router_w, expert_gate_weight=d_gate_w,
