@@ -1,0 +1,89 @@
+"""SOL-080's small-T GEMMs alone, ours against cuBLAS (cupy.matmul) in one process, L2 flushed:
+the dgrad [T, 2I + E] @ [2I + E, H], the same as its transpose (H rows, T columns: the weights as
+the MN-major A operand, the T rows as B, one tile row of T columns), split-K forms of both, and
+d_act [T, H] @ [H, I]. Prints cuBLAS's kernel names (through torch's profiler) where torch is there.
+The question: does a better tile shape exist for T <= 512, where the dgrad's 128 x 128 tiles run
+at ~55% of the tensor cores' rate (bench/NOTES.md v0.13)?
+Usage (device): PYTHONPATH=. python bench/small_m_gemm.py [--T 192,384,512] [--reps 20]"""
+import argparse
+
+import cupy as cp
+
+from benchmark import timer
+from cupy_moe import bfloat16
+from cupy_moe.gpu.gemm import Segment, gemm
+
+H, I, E = 4096, 1408, 128
+
+
+def rand(*shape):
+    return cp.random.standard_normal(shape, dtype=cp.float32).astype(bfloat16)
+
+
+def rel(out, ref):
+    out, ref = out.astype(cp.float32), ref.astype(cp.float32)
+    return float(cp.linalg.norm(out - ref) / cp.linalg.norm(ref))
+
+
+def cublas_kernels(fn):
+    try:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+    except ImportError:
+        return "-"
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return ", ".join(sorted({e.name[:60] for e in prof.events() if e.device_type.name == "CUDA"}))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--T", default="192,384,512")
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args()
+    measure = timer(args.reps)
+    K = 2 * I + E
+    print(f"{'GEMM':<34} {'T':>5} {'ours us':>8} {'cuBLAS us':>9} {'ours TF/s':>9} {'x cuBLAS':>8} rel.err")
+    for T in map(int, args.T.split(",")):
+        a, w = rand(T, K), rand(K, H)  # the dgrad's [d_gate | d_up | grl] rows and [Wg; Wu; Wr]
+        x, wd = rand(T, H), rand(H, I)
+        ref = a @ w
+        forms = {}
+        out = cp.empty((T, H), bfloat16)
+        forms["dgrad 128-row tiles"] = (lambda: gemm(m=T, n=H, segments=[Segment(a, K, w, H, k=K)], a_kmajor=True,
+                                                     b_kmajor=False, out=out, ldc=H), out, ref)
+        out_t = cp.empty((H, T), bfloat16)
+        forms["dgrad^T (W as A, T columns)"] = (lambda: gemm(m=H, n=T, segments=[Segment(w, H, a, K, k=K)],
+                                                             a_kmajor=False, b_kmajor=True, out=out_t, ldc=T),
+                                                out_t, ref.T)
+        for s in (2, 4):
+            pieces = cp.empty((s, H, T), cp.float32)
+            forms[f"dgrad^T split-K {s} (fp32 pieces)"] = (
+                lambda s=s, p=pieces: gemm(m=H, n=T, segments=[Segment(w, H, a, K, k=K)], a_kmajor=False,
+                                           b_kmajor=True, out=p, ldc=T, epilogue="f32", k_splits=s,
+                                           c_group_stride=H * T), pieces, None)
+        d_act = cp.empty((T, I), bfloat16)
+        forms["d_act 128-row tiles"] = (lambda: gemm(m=T, n=I, segments=[Segment(x, H, wd, I, k=H)], a_kmajor=True,
+                                                     b_kmajor=False, out=d_act, ldc=I), d_act, x @ wd)
+        peers = {"dgrad": lambda: a @ w, "d_act": lambda: x @ wd}
+        t_peer = {name: measure(fn) for name, fn in peers.items()}
+        for name, (fn, got, want) in forms.items():
+            got.fill(float("nan"))
+            fn()
+            err = f"{rel(got, want) if want is not None else rel(got.sum(axis=0).T, ref):.1e}"
+            t = measure(fn)
+            peer = t_peer["d_act" if name.startswith("d_act") else "dgrad"]
+            flops = 2 * T * (I * H if name.startswith("d_act") else K * H)
+            print(f"{name:<34} {T:>5} {t:8.1f} {peer:9.1f} {flops / t / 1e6:9.1f} {peer / t:8.2f} {err}")
+        try:
+            import torch
+            ta, tw = torch.from_dlpack(a), torch.from_dlpack(w)
+            print(f"  cuBLAS dgrad kernel: {cublas_kernels(lambda: ta @ tw)}")
+            print(f"  cuBLAS dgrad^T kernel: {cublas_kernels(lambda: tw.t() @ ta.t())}")
+        except ImportError:
+            pass
+
+
+if __name__ == "__main__":
+    main()
