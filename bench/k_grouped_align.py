@@ -2,10 +2,8 @@
 per-tile trace, bench/sm_timeline.py --layer --tiles; dense 128 x 256 tiles reach ~0.59): the
 same GEMM ([1408 x 4096] per expert, 128 experts, 65536 rows) with every expert's rows a multiple
 of 64 (no partial k-tile to mask) against the random routing's sizes, and with 256 / 1024 rows
-per expert (longer reductions per tile). TFLOP/s, L2 flushed, median of 20. With --bk, each case
-at each stage depth (gemm.K_GROUPED_BK), alternated within the case.
-Usage (device): PYTHONPATH=. python bench/k_grouped_align.py [--bk 64,32] [--rows 65536]"""
-import argparse
+per expert (longer reductions per tile). TFLOP/s, L2 flushed, median of 20.
+Usage (device): PYTHONPATH=. python bench/k_grouped_align.py"""
 import os
 import sys
 
@@ -19,19 +17,13 @@ def main():
     import cupy as cp
 
     from cupy_moe import bfloat16
-    from cupy_moe.gpu import gemm as G
     from cupy_moe.gpu.gemm import Segment, gemm
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bk", default=str(G.K_GROUPED_BK))
-    ap.add_argument("--rows", default="32768,65536,131072")
-    args = ap.parse_args()
-    bks = [int(b) for b in args.bk.split(",")]
     measure = timer(20)
     rng = np.random.default_rng(0)
     m, n, E = 1408, 4096, 128
     cases = []
-    for rows in map(int, args.rows.split(",")):
+    for rows in (32768, 65536, 131072):
         per = rows // E
         cases.append((f"{rows} rows, {per} each (64-aligned)", np.full(E, per)))
         sizes = rng.multinomial(rows, np.full(E, 1 / E))
@@ -46,11 +38,8 @@ def main():
         run = lambda: gemm(m=m, n=n, segments=[Segment(A, m, B, n, k=rows)], a_kmajor=False,
                            b_kmajor=False, out=C, ldc=n, c_group_stride=m * n, grouping="k",
                            group_offsets=offs, num_groups=E)
-        for r in range(2 if len(bks) > 1 else 1):
-            for bk in bks[r % len(bks):] + bks[:r % len(bks)]:
-                G.K_GROUPED_BK = bk
-                us = measure(run)
-                print(f"{name:<44} BK {bk:2d} {us:8.1f} us {2 * rows * m * n / us / 1e6:7.1f} TFLOP/s", flush=True)
+        us = measure(run)
+        print(f"{name:<44} {us:8.1f} us {2 * rows * m * n / us / 1e6:7.1f} TFLOP/s", flush=True)
 
 
 if __name__ == "__main__":

@@ -169,16 +169,6 @@ def test_wide_tma_store_tiles_keep_four_stages_through_a_store_ring(monkeypatch)
     assert (cfg.STORE_RING, cfg.STAGES) == (0, 3), cfg
 
 
-def test_k_grouped_stages_of_32_lines_hold_as_many_bytes():
-    """BK = 32 (gemm.K_GROUPED_BK) doubles the stages of the K-grouped weight gradients' 128 x 256
-    tiles, the same bytes in flight, within shared memory."""
-    for bk, stages in ((64, 4), (32, 8)):
-        cfg = G.Sm90Config.choose(11, 4096, 132, 0, False, GROUPING=2, A_KMAJOR=False, B_KMAJOR=False,
-                                  C_TMA=True, BK=bk)
-        assert (cfg.BN, cfg.BK, cfg.STAGES) == (256, bk, stages), cfg
-        assert cfg.smem_bytes(0) <= G.Sm90Config.SMEM_LIMIT
-
-
 def test_swiglu_epilogue_staged_where_aligned(host, scratch, monkeypatch):
     """Routed experts and the shared expert alike stage their accumulators for the epilogue
     warps (128-wide tiles); an unaligned row, a narrow output, the switch off or ping-pong

@@ -3,7 +3,7 @@
 //
 //   C[m, n] = sum over segments s, k of A_s(m, k) * B_s(k, n)    (bf16 in, fp32 accumulate)
 //
-// Tile BM = 128 rows x BN columns, Plan::BK = 64 (or 32) reduction elements per stage. Two ways to share tiles
+// Tile BM = 128 rows x BN columns, BK = 64 reduction elements per stage. Two ways to share tiles
 // between the consumer warpgroups (Cfg::PINGPONG): cooperative, both work on every tile, 64 rows
 // each (BN up to 256); ping-pong, each owns every other tile whole (two 64-row halves, BN up to
 // 128) and the two take turns at the tensor cores, so one's epilogue runs under the other's main
@@ -40,7 +40,7 @@ template <class Cfg>
 __device__ __forceinline__ void producer(const GemmSm90Params& P, const Scheduler<Cfg>& sched,
                                          const Feed<Cfg>& feed, u8* smem, u64* full, u64* empty, int tid) {
   using L = Plan<Cfg>;
-  constexpr int BN = Cfg::BN, BK = L::BK;
+  constexpr int BN = Cfg::BN;
   const GemmParams& p = P.base;
   if (!L::CPA && tid != 0) return;  // TMA needs one thread
   int stage = 0, issued = 0;
@@ -72,16 +72,16 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const Schedule
           if constexpr (L::TMA_BYTES > 0) mbar_arrive_expect_tx(&full[stage], L::TMA_BYTES);
           else mbar_arrive(&full[stage]);
           if constexpr (!L::CPA_A)
-            tma_tile<BM, Cfg::A_KMAJOR, L::ATOM_BYTES>(ta, &P.tma_a[s], &full[stage], tc.m0, kl, 0);
+            tma_tile<BM, Cfg::A_KMAJOR>(ta, &P.tma_a[s], &full[stage], tc.m0, kl, 0);
           if constexpr (!L::CPA_B)
-            tma_tile<BN, Cfg::B_KMAJOR, L::ATOM_BYTES>(tb, &P.tma_b[s], &full[stage], tc.n0, kl, grp);
+            tma_tile<BN, Cfg::B_KMAJOR>(tb, &P.tma_b[s], &full[stage], tc.n0, kl, grp);
           if (kt == 0) TRACE_PRODUCER_END(true, t);
         }
         if constexpr (L::CPA_A)  // rows stop at the group's end (K-major) or at m
-          cp_async_operand<BM, Cfg::A_KMAJOR, BK>(ta, a_base, p.lda[s], p.gather_a, p.gather_div, tc.m0,
+          cp_async_operand<BM, Cfg::A_KMAJOR>(ta, a_base, p.lda[s], p.gather_a, p.gather_div, tc.m0,
                                               Cfg::A_KMAJOR ? tc.m_hi : p.m, kl, k_end, tid);
         if constexpr (L::CPA_B)
-          cp_async_operand<BN, Cfg::B_KMAJOR, BK>(tb, b_base, p.ldb[s], p.gather_b, p.gather_div, tc.n0,
+          cp_async_operand<BN, Cfg::B_KMAJOR>(tb, b_base, p.ldb[s], p.gather_b, p.gather_div, tc.n0,
                                               p.n, kl, k_end, tid);
         if constexpr (L::CPA) {
           cp_async_commit();
@@ -117,8 +117,8 @@ __device__ __forceinline__ void mask_lines(u8* stage, int first, int count, bool
   const int chunks = count * 8 * (ATOMS_A + (b_too ? ATOMS_B : 0));
   for (int i = tid; i < chunks; i += threads) {
     const int atom = i / (count * 8), rest = i % (count * 8);
-    u8* tile = atom < ATOMS_A ? stage + atom * L::ATOM_BYTES
-                              : stage + L::A_BYTES + (atom - ATOMS_A) * L::ATOM_BYTES;
+    u8* tile = atom < ATOMS_A ? stage + atom * ATOM_BYTES
+                              : stage + L::A_BYTES + (atom - ATOMS_A) * ATOM_BYTES;
     *(uint4*)(tile + (first + rest / 8) * 128 + (rest % 8) * 16) = make_uint4(0, 0, 0, 0);
   }
   fence_proxy_async();
@@ -130,7 +130,7 @@ __device__ __forceinline__ void mask_lines(u8* stage, int first, int count, bool
 // `bar`), so neither warpgroup waits for the other's zeroing.
 template <class Cfg>
 __device__ __forceinline__ void mask_a_atom(u8* stage, int atom, int count, int tid, int bar) {
-  u8* tile = stage + atom * Plan<Cfg>::ATOM_BYTES;
+  u8* tile = stage + atom * ATOM_BYTES;
   for (int i = tid; i < count * 8; i += 128)
     *(uint4*)(tile + (i / 8) * 128 + (i % 8) * 16) = make_uint4(0, 0, 0, 0);
   fence_proxy_async();
@@ -198,7 +198,7 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
     int prev = -1;
     // K-grouped: the k-tile's rank within its segment's run over the group's lines (a counter:
     // a runtime modulo here was ~4% of the wgrad's stall samples, ahead of every k-step's MMAs).
-    const int seg_tiles = (tc.k_hi - tc.k_lo + L::BK - 1) / L::BK;
+    const int seg_tiles = (tc.k_hi - tc.k_lo + BK - 1) / BK;
     int kin = 0;
     if (Cfg::SLIM_CONSUMER && idle) {
       for (int kt = 0; kt < nk; ++kt) {
@@ -217,17 +217,17 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
         continue;
       }
       if constexpr (L::MASK_A || L::MASK_B) {
-        const int valid = tc.k_hi - tc.k_lo - kin * L::BK;
+        const int valid = tc.k_hi - tc.k_lo - kin * BK;
         if (++kin == seg_tiles) kin = 0;
-        if (valid < L::BK) {
+        if (valid < BK) {
           // Loaded shifted to the group's end (the producer's shift_last): the tile before's
           // lines [0, BK - valid) in A; else the next group's [valid, BK) in both operands.
-          const bool shifted = L::SHIFT_LAST && tc.k_hi - tc.k_lo >= L::BK;
+          const bool shifted = L::SHIFT_LAST && tc.k_hi - tc.k_lo >= BK;
           const int first = shifted ? 0 : valid;
           u8* st = smem + stage * L::STAGE_BYTES;
-          if constexpr (L::PINGPONG) mask_lines<Cfg>(st, first, L::BK - valid, !shifted, tid, 128, 4 + wg);
-          else if (shifted) mask_a_atom<Cfg>(st, wg, L::BK - valid, tid, 4 + wg);
-          else mask_lines<Cfg>(st, first, L::BK - valid, !shifted, tid + 128 * wg, 256, 1);
+          if constexpr (L::PINGPONG) mask_lines<Cfg>(st, first, BK - valid, !shifted, tid, 128, 4 + wg);
+          else if (shifted) mask_a_atom<Cfg>(st, wg, BK - valid, tid, 4 + wg);
+          else mask_lines<Cfg>(st, first, BK - valid, !shifted, tid + 128 * wg, 256, 1);
         }
       }
       const u32 a_tile = smem_addr(smem + stage * L::STAGE_BYTES);
@@ -242,12 +242,12 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
       // on the path to each HGMMA, where the staged SwiGLU epilogue's math holds them up (ncu: the
       // descriptors' LOP3 / SHF / R2UR stalled on the math pipe; bench/NOTES.md v0.19).
       constexpr int STEP_A = Cfg::A_KMAJOR ? 32 : 2048, STEP_B = Cfg::B_KMAJOR ? 32 : 2048;
-      constexpr u32 LBO_A = Cfg::A_KMAJOR ? 16 : L::ATOM_BYTES, LBO_B = Cfg::B_KMAJOR ? 16 : L::ATOM_BYTES;
+      constexpr u32 LBO_A = Cfg::A_KMAJOR ? 16 : ATOM_BYTES, LBO_B = Cfg::B_KMAJOR ? 16 : ATOM_BYTES;
       // DESC_LO32: the steps in the descriptors' low words alone, their high words constant
       // (smem_desc_sw128_lo / _hi): the fused SwiGLU dgrad's consumers issued 4 R2UR and two 64-bit adds
       // per HGMMA beside the epilogue warps' math; -2.8% on it (bench/NOTES.md v0.22).
       auto a_desc = [&](int b, int kk) {  // b: the accumulator block, whose 64-row block of A it reads
-        const u32 at = a_tile + row_off(b) / 64 * (Cfg::A_KMAJOR ? 64 * 128 : L::ATOM_BYTES);
+        const u32 at = a_tile + row_off(b) / 64 * (Cfg::A_KMAJOR ? 64 * 128 : ATOM_BYTES);
         if constexpr (Cfg::DESC_STEP && Cfg::DESC_LO32)
           return smem_desc_sw128_hi(1024) | (smem_desc_sw128_lo(at, LBO_A) + kk * (STEP_A / 16));
         return Cfg::DESC_STEP ? smem_desc_sw128(at, LBO_A, 1024) + kk * (STEP_A / 16)
@@ -256,7 +256,7 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
       const u64 db0 = smem_desc_sw128(b_tile, LBO_B, 1024);
       const u32 db0_lo = smem_desc_sw128_lo(b_tile, LBO_B);
       #pragma unroll
-      for (int kk = 0; kk < L::BK / 16; ++kk) {
+      for (int kk = 0; kk < BK / 16; ++kk) {
         const u64 db = Cfg::DESC_STEP && Cfg::DESC_LO32 ? smem_desc_sw128_hi(1024) | (db0_lo + kk * (STEP_B / 16))
                        : Cfg::DESC_STEP ? db0 + kk * (STEP_B / 16)
                                         : smem_desc_sw128(b_tile + kk * STEP_B, LBO_B, 1024);

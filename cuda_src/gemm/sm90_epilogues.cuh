@@ -397,7 +397,7 @@ __device__ __forceinline__ void store_tile_tma(const GemmSm90Params& P, const Ti
     #pragma unroll
     for (int u = first; u < first + BATCH; ++u) {
       const int b = u / ATOMS, a = u % ATOMS;
-      u8* unit = staging + (u % L::RING) * UNIT_BYTES;
+      u8* unit = staging + (u % L::RING) * ATOM_BYTES;
       if constexpr (Cfg::C_TRANS) {
         // C^T: the unit holds columns 64 a .. 64 a + 63 as its 64 rows of 128 bytes (this block's
         // 64 result rows, 16-byte chunk c of row h at c ^ (h % 8)), written by stmatrix.trans: two
@@ -442,7 +442,7 @@ __device__ __forceinline__ void store_tile_tma(const GemmSm90Params& P, const Ti
       #pragma unroll
       for (int u = first; u < first + BATCH; ++u) {
         const int b = u / ATOMS, a = u % ATOMS;
-        const u8* unit = staging + (u % L::RING) * UNIT_BYTES;
+        const u8* unit = staging + (u % L::RING) * ATOM_BYTES;
         const int row = tc.m0 + row_off + 64 * b - (Cfg::ROW_SPLIT ? P.base.c2_rows : 0),
                   col = tc.n0 + L::UNIT_COLS * a;
         if constexpr (Cfg::C_TRANS)  // the map is C^T's: (result rows, result columns) = (its columns, rows)

@@ -33,7 +33,7 @@ __device__ __forceinline__ void cp_async_tile(u8* tile, const bf16_t* base, i64 
 
 // One operand's tile of OUTER rows (m or n) by cp.async: a K-major operand's memory lines are its
 // rows, an MN-major operand's are the k rows.
-template <int OUTER, bool KMAJOR, int BK>
+template <int OUTER, bool KMAJOR>
 __device__ __forceinline__ void cp_async_operand(u8* tile, const bf16_t* base, i64 ld, const int* map,
                                                  int div, int outer0, int outer_hi, int k0, int k_end,
                                                  int tid) {
@@ -41,9 +41,8 @@ __device__ __forceinline__ void cp_async_operand(u8* tile, const bf16_t* base, i
   else cp_async_tile<BK, OUTER>(tile, base, ld, map, div, k0, k_end, outer0, outer_hi, tid);
 }
 
-// TMA copy of the same tile: K-major one box {64 k, OUTER}; MN-major one box {64 mn, BK k} per
-// atom (ATOM_BYTES = BK x 128 bytes).
-template <int OUTER, bool KMAJOR, int ATOM_BYTES>
+// TMA copy of the same tile: K-major one box {64 k, OUTER}; MN-major one box {64 mn, 64 k} per atom.
+template <int OUTER, bool KMAJOR>
 __device__ __forceinline__ void tma_tile(u8* tile, const TmaDesc* map, u64* bar, int outer0, int k0, int group) {
   if constexpr (KMAJOR) {
     tma_load_3d(tile, map, bar, k0, outer0, group);

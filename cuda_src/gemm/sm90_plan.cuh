@@ -7,19 +7,14 @@
 namespace gemm {
 namespace sm90 {
 
-constexpr int BM = 128;
+constexpr int BM = 128, BK = 64;
 constexpr int PRODUCER_THREADS = 128, CONSUMER_WARPGROUPS = 2;
 // The producer and consumer warpgroups; a staged SwiGLU epilogue adds one (Plan::THREADS).
 constexpr int MAIN_THREADS = PRODUCER_THREADS * (1 + CONSUMER_WARPGROUPS);
-constexpr int UNIT_BYTES = 64 * 128;  // a store unit: 64 rows of 128 bytes, one TMA box
+constexpr int ATOM_BYTES = BK * 128;  // one 64-wide MN atom of an MN-major tile
 
 template <class Cfg>
 struct Plan {
-  // Reduction lines a stage: 64, one 128-byte swizzle row of a K-major tile; or 32 where both
-  // operands are MN-major and come by TMA (K-grouped: a group's last k-tile then reads at most
-  // 31 lines it does not need instead of 63, at twice the stages of half the bytes).
-  static constexpr int BK = Cfg::BK;
-  static constexpr int ATOM_BYTES = BK * 128;  // one 64-wide MN atom of an MN-major tile
   static constexpr bool CPA_A = Cfg::GATHER_A, CPA_B = Cfg::GATHER_B;
   static constexpr bool CPA = CPA_A || CPA_B;
   static constexpr bool MASK_A = Cfg::GROUPING == kKGrouped && !CPA_A;
@@ -64,7 +59,7 @@ struct Plan {
   static constexpr bool DEFER_STORE = HELD_BATCHES > 0;
   static constexpr int HELD_FROM = STORE_BATCHES - HELD_BATCHES;
   static constexpr int STAGING = Cfg::STAGES * STAGE_BYTES;        // per consumer warpgroup:
-  static constexpr int STAGING_BYTES = TMA_STORE ? RING * UNIT_BYTES : 0;  // its units' buffers
+  static constexpr int STAGING_BYTES = TMA_STORE ? RING * ATOM_BYTES : 0;  // its units' buffers
   // SwiGLU backward with E_STAGED: the consumers leave each tile's fp32 accumulators (da') in
   // this buffer and go on with the next tile; E_WARPS epilogue warps (the producer warpgroup's
   // spare warps 1..3 and a fourth warpgroup) turn them into dg, du (and aw, dw) meanwhile,
@@ -95,8 +90,6 @@ struct Plan {
   // DEFER_STORE's held results take 232 (a 40-register producer; at 224 the 128 x 256 tiles spilled).
   static constexpr int PRODUCER_REGS = DEFER_STORE ? 40 : 56, CONSUMER_REGS = DEFER_STORE ? 232 : 224;
   static_assert(Cfg::BN == 64 || Cfg::BN == 128 || Cfg::BN == 256, "BN");
-  static_assert(BK == 64 || (BK == 32 && !Cfg::A_KMAJOR && !Cfg::B_KMAJOR && !CPA),
-                "BK 32: both operands MN-major, by TMA");
   static_assert(!PINGPONG || Cfg::BN <= 128, "a ping-pong warpgroup holds 128 x BN accumulators");
   static_assert(MAX_SEGMENTS >= 1, "segments");
   static_assert(!Cfg::C_TMA || Cfg::EPILOGUE == kStoreBf16 ||
@@ -140,7 +133,7 @@ struct Plan {
 };
 
 template <class Cfg>
-using Scheduler = TileScheduler<BM, Cfg::BN, Cfg::GROUPING, Cfg::SPLIT_K, Cfg::SPLIT_CLUSTER, Cfg::BK, Cfg::SEG_ROWS,
+using Scheduler = TileScheduler<BM, Cfg::BN, Cfg::GROUPING, Cfg::SPLIT_K, Cfg::SPLIT_CLUSTER, BK, Cfg::SEG_ROWS,
                                 Cfg::M_FASTEST>;
 template <class Cfg>
 using Feed = TileFeed<Cfg::DYNAMIC>;

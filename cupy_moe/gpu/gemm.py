@@ -39,13 +39,6 @@ STAGED_EPILOGUE = os.environ.get("CUPY_MOE_STAGED_EPILOGUE", "1") != "0"
 STORE_RING = int(os.environ.get("CUPY_MOE_STORE_RING", "2"))
 if STORE_RING not in (0, 2):
     raise ValueError(f"CUPY_MOE_STORE_RING: expected 0 or 2, got {STORE_RING}")
-# Reduction lines a stage of the K-grouped GEMMs' Hopper loop takes (Sm90Config.BK): 64, or 32,
-# where a group's last k-tile reads at most 31 lines past the ones it needs instead of 63 (at
-# random routing ~6% of the weight gradients' k-steps are such padding: bench/NOTES.md v0.22),
-# through twice the stages of half the bytes. CUPY_MOE_K_GROUPED_BK sets it (A/B).
-K_GROUPED_BK = int(os.environ.get("CUPY_MOE_K_GROUPED_BK", "64"))
-if K_GROUPED_BK not in (32, 64):
-    raise ValueError(f"CUPY_MOE_K_GROUPED_BK: expected 32 or 64, got {K_GROUPED_BK}")
 # Benchmarks only: Sm90Config fields forced onto every Hopper config choose() makes (tile studies;
 # the caller keeps the result within shared memory). Empty in normal use.
 CONFIG_OVERRIDE: dict = {}
@@ -173,10 +166,9 @@ GemmSm90Params = _sm90_params_struct()
 
 @dataclass(frozen=True)
 class Sm90Config:
-    """The Hopper main loop's config (cuda_src/gemm/mainloop_wgmma.cuh); BM = 128."""
+    """The Hopper main loop's config (cuda_src/gemm/mainloop_wgmma.cuh); BM = 128, BK = 64."""
     BN: int = 128
     STAGES: int = 6
-    BK: int = 64  # reduction lines a stage; 32 only where both operands are MN-major by TMA
     A_KMAJOR: bool = True
     B_KMAJOR: bool = True
     GATHER_A: bool = False
@@ -208,6 +200,7 @@ class Sm90Config:
     # stored by TMA under the next tile's first k-steps (the same bits; 0: all at the tile's end)
 
     BM = 128
+    BK = 64
     THREADS = 384
     SMEM_LIMIT = 227 * 1024  # sm_90's opt-in shared memory per block
 
@@ -234,8 +227,7 @@ class Sm90Config:
         where wide_tiles_pay and every SM still gets a tile, 64 for narrow outputs, else 128.
         Ping-pong: BN 64 for narrow outputs, else 128 (a warpgroup holds the whole 128 x BN
         accumulator). STAGES: as many as fit, at most 8 (ping-pong) or 4 / 6 / 8 by BN, one
-        fewer with TMA stores unless they go through a store ring (STORE_RING, at BN 256); twice
-        as many at BK 32."""
+        fewer with TMA stores unless they go through a store ring (STORE_RING, at BN 256)."""
         if pingpong:
             bn = 64 if n <= 64 else 128
             most, ring = 8, 0
@@ -250,10 +242,8 @@ class Sm90Config:
                 bn = 128
             ring = STORE_RING if flags.get("C_TMA", False) and bn == 256 else 0
             most = {256: 4, 128: 6, 64: 8}[bn] - (flags.get("C_TMA", False) and bn > 64 and not ring)
-        bk = flags.get("BK", cls.BK)
-        most *= cls.BK // bk
         probe = cls(BN=bn, STAGES=0, PINGPONG=pingpong, STORE_RING=ring, **flags)
-        fit = (cls.SMEM_LIMIT - probe.smem_bytes(num_groups)) // ((cls.BM + bn) * bk * 2 + 16)
+        fit = (cls.SMEM_LIMIT - probe.smem_bytes(num_groups)) // ((cls.BM + bn) * cls.BK * 2 + 16)
         return cls(BN=bn, STAGES=min(most, fit), PINGPONG=pingpong, STORE_RING=ring, **flags)
 
 
@@ -415,7 +405,7 @@ def prepare(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_km
 
     opt = lambda a: 0 if a is None else _addr(a)
     sw = swiglu if epilogue == "swiglu_backward" else None
-    key = (cupy.cuda.Device().id, PINGPONG, STAGED_EPILOGUE, DYNAMIC_TILES, STORE_RING, F32_TMA, K_GROUPED_BK,
+    key = (cupy.cuda.Device().id, PINGPONG, STAGED_EPILOGUE, DYNAMIC_TILES, STORE_RING, F32_TMA,
            tuple(sorted(CONFIG_OVERRIDE.items())),
            m, n, a_kmajor, b_kmajor, opt(out), ldc, epilogue, grouping, opt(group_offsets),
            num_groups, c_group_stride, opt(gather_a), opt(gather_b), gather_div, engine, k_splits,
@@ -641,8 +631,6 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
     claims = dynamic and not cluster
     counter = _tile_counter() if claims else 0
     flags = dict(flags, DYNAMIC=counter != 0, SEG_ROWS=any(s.m for s in segments))
-    if grouping == "k" and not (flags["GATHER_A"] or flags["GATHER_B"] or cluster):
-        flags["BK"] = K_GROUPED_BK
     cfg = Sm90Config.choose(m_tiles * k_splits, n, sms, num_groups if grouping == "m" else 0,
                             pingpong, wide=wide and not staged and not cluster, C_TMA=c_tma,
                             E_STAGED=staged, SPLIT_K=k_splits > 1, SPLIT_CLUSTER=cluster, **flags)
@@ -665,11 +653,11 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
         if not copy_a:  # A is never grouped: 2-D (a unit third dimension)
             rows = s.m or m  # rows past a segment's own read as zeros
             dims = (s.k, rows) if cfg.A_KMAJOR else (rows, s.k)
-            box = (64, cfg.BM) if cfg.A_KMAJOR else (64, cfg.BK)
+            box = (64, cfg.BM) if cfg.A_KMAJOR else (64, 64)
             encode(P.tma_a[i], _addr(s.a), dims + (1,), (s.lda, s.lda * dims[1]), box + (1,))
         if not copy_b:
             dims = (s.k, n) if cfg.B_KMAJOR else (n, s.k)
-            box = (64, cfg.BN) if cfg.B_KMAJOR else (64, cfg.BK)
+            box = (64, cfg.BN) if cfg.B_KMAJOR else (64, 64)
             gstride = s.b_group_stride if groups > 1 else s.ldb * dims[1]
             encode(P.tma_b[i], _addr(s.b), dims + (groups,), (s.ldb, gstride), box + (1,))
     tiles_n = cdiv(n, cfg.BN)
@@ -863,9 +851,4 @@ def example_sm90_configs():
                                  C_TMA=True, DYNAMIC=True))
     out.append(Sm90Config.choose(11, 4096, 132, 0, False, A_KMAJOR=False, B_KMAJOR=False, GROUPING=2,
                                  C_TMA=True, DYNAMIC=True))
-    # K-grouped stages of 32 lines (K_GROUPED_BK): the layer's weight gradients (128 x 256, TMA
-    # stores, claims), stored transposed (dWd), and on ping-pong consumers.
-    for pingpong, c_trans in ((False, False), (False, True), (True, False)):
-        out.append(Sm90Config.choose(11, 4096, 132, 0, pingpong, A_KMAJOR=False, B_KMAJOR=False, C_TMA=True,
-                                     C_TRANS=c_trans, GROUPING=2, DYNAMIC=True, BK=32))
     return out
