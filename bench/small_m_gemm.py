@@ -4,14 +4,21 @@ the MN-major A operand, the T rows as B, one tile row of T columns), split-K for
 d_act [T, H] @ [H, I]. Prints cuBLAS's kernel names (through torch's profiler) where torch is there.
 The question: does a better tile shape exist for T <= 512, where the dgrad's 128 x 128 tiles run
 at ~55% of the tensor cores' rate (bench/NOTES.md v0.13)?
-Usage (device): PYTHONPATH=. python bench/small_m_gemm.py [--T 192,384,512] [--reps 20]"""
+--scan: the dgrad's shape at M x N (K = 2I + E), L2 flushed, as us per 128 x 128 x 64 k-step of a
+CTA (one tile each where tiles <= SMs): does a k-step's time depend on how many CTAs run (a shared
+limit), on how many read each A line (N / 128 readers), or on neither (each SM's own rate)?
+(Session 25: 0.41-0.47 us from 8 to 64 CTAs and 8 to 32 readers, 0.62 at 128 CTAs.)
+Usage (device): PYTHONPATH=. python bench/small_m_gemm.py [--T 192,384,512] [--reps 20] [--scan]"""
 import argparse
+import os
+import sys
 
 import cupy as cp
 
-from benchmark import timer
-from cupy_moe import bfloat16
-from cupy_moe.gpu.gemm import Segment, gemm
+sys.path.insert(0, os.path.dirname(__file__))
+from benchmark import timer  # noqa: E402
+from cupy_moe import bfloat16  # noqa: E402
+from cupy_moe.gpu.gemm import Segment, gemm  # noqa: E402
 
 H, I, E = 4096, 1408, 128
 
@@ -41,9 +48,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--T", default="192,384,512")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--scan", action="store_true")
     args = ap.parse_args()
     measure = timer(args.reps)
     K = 2 * I + E
+    if args.scan:
+        return scan(measure, K)
     print(f"{'GEMM':<34} {'T':>5} {'ours us':>8} {'cuBLAS us':>9} {'ours TF/s':>9} {'x cuBLAS':>8} rel.err")
     for T in map(int, args.T.split(",")):
         a, w = rand(T, K), rand(K, H)  # the dgrad's [d_gate | d_up | grl] rows and [Wg; Wu; Wr]
@@ -83,6 +93,20 @@ def main():
             print(f"  cuBLAS dgrad^T kernel: {cublas_kernels(lambda: tw.t() @ ta.t())}")
         except ImportError:
             pass
+
+
+def scan(measure, K):
+    steps = -(-K // 64)
+    print(f"{'M':>5} {'N':>5} {'CTAs':>5} {'readers/A line':>14} {'us':>7} {'us/k-step':>9}")
+    for M, N in ((128, 4096), (256, 4096), (128, 2048), (256, 2048), (512, 2048), (128, 1024), (512, 1024),
+                 (1024, 1024), (256, 8192)):
+        a, w = rand(M, K), rand(K, N)
+        out = cp.empty((M, N), bfloat16)
+        fn = lambda: gemm(m=M, n=N, segments=[Segment(a, K, w, N, k=K)], a_kmajor=True, b_kmajor=False,
+                          out=out, ldc=N)
+        ctas = (M // 128) * (N // 128)
+        t = measure(fn)
+        print(f"{M:>5} {N:>5} {min(ctas, 132):>5} {N // 128:>14} {t:7.1f} {t / steps / -(-ctas // 132):9.3f}")
 
 
 if __name__ == "__main__":
