@@ -1,7 +1,9 @@
 """SOL-080's small-T GEMMs alone, ours against cuBLAS (cupy.matmul) in one process, L2 flushed:
 the dgrad [T, 2I + E] @ [2I + E, H], the same as its transpose (H rows, T columns: the weights as
 the MN-major A operand, the T rows as B, one tile row of T columns), split-K forms of both, and
-d_act [T, H] @ [H, I]. Prints cuBLAS's kernel names (through torch's profiler) where torch is there.
+d_act [T, H] @ [H, I] plain, split-K as SOL-080 runs it, and transposed in one 256-wide tile of T
+columns, split 11-12 ways (unsummed pieces: the GEMM's time alone). Prints cuBLAS's kernel names
+(through torch's profiler) where torch is there.
 The question: does a better tile shape exist for T <= 512, where the dgrad's 128 x 128 tiles run
 at ~55% of the tensor cores' rate (bench/NOTES.md v0.13)?
 --scan: the dgrad's shape at M x N (K = 2I + E), L2 flushed, as us per 128 x 128 x 64 k-step of a
@@ -59,29 +61,45 @@ def main():
         a, w = rand(T, K), rand(K, H)  # the dgrad's [d_gate | d_up | grl] rows and [Wg; Wu; Wr]
         x, wd = rand(T, H), rand(H, I)
         ref = a @ w
-        forms = {}
+        ref_act = x @ wd
+        forms = {}  # name: (launch, result, reference, how the result reads: plain / pieces / pieces^T)
         out = cp.empty((T, H), bfloat16)
         forms["dgrad 128-row tiles"] = (lambda: gemm(m=T, n=H, segments=[Segment(a, K, w, H, k=K)], a_kmajor=True,
-                                                     b_kmajor=False, out=out, ldc=H), out, ref)
+                                                     b_kmajor=False, out=out, ldc=H), out, ref, "plain")
         out_t = cp.empty((H, T), bfloat16)
         forms["dgrad^T (W as A, T columns)"] = (lambda: gemm(m=H, n=T, segments=[Segment(w, H, a, K, k=K)],
                                                              a_kmajor=False, b_kmajor=True, out=out_t, ldc=T),
-                                                out_t, ref.T)
+                                                out_t, ref.T, "plain")
         for s in (2, 4):
             pieces = cp.empty((s, H, T), cp.float32)
             forms[f"dgrad^T split-K {s} (fp32 pieces)"] = (
                 lambda s=s, p=pieces: gemm(m=H, n=T, segments=[Segment(w, H, a, K, k=K)], a_kmajor=False,
                                            b_kmajor=True, out=p, ldc=T, epilogue="f32", k_splits=s,
-                                           c_group_stride=H * T), pieces, None)
+                                           c_group_stride=H * T), pieces, ref, "pieces^T")
         d_act = cp.empty((T, I), bfloat16)
         forms["d_act 128-row tiles"] = (lambda: gemm(m=T, n=I, segments=[Segment(x, H, wd, I, k=H)], a_kmajor=True,
-                                                     b_kmajor=False, out=d_act, ldc=I), d_act, x @ wd)
+                                                     b_kmajor=False, out=d_act, ldc=I), d_act, ref_act, "plain")
+        # SOL-080's small-T d_act: split-K pieces (5 at T = 192 beside the router), against the
+        # transpose in one 256-wide column tile of T (11 row tiles of I, so up to 12 pieces).
+        for s in (5, 6):
+            pieces = cp.empty((s, T, I), cp.float32)
+            forms[f"d_act split-K {s} (fp32 pieces)"] = (
+                lambda s=s, p=pieces: gemm(m=T, n=I, segments=[Segment(x, H, wd, I, k=H)], a_kmajor=True,
+                                           b_kmajor=False, out=p, ldc=I, epilogue="f32", k_splits=s,
+                                           c_group_stride=T * I), pieces, ref_act, "pieces")
+        for s in (11, 12):
+            pieces = cp.empty((s, I, T), cp.float32)
+            forms[f"d_act^T wide split-K {s}"] = (
+                lambda s=s, p=pieces: gemm(m=I, n=T, segments=[Segment(wd, I, x, H, k=H)], a_kmajor=False,
+                                           b_kmajor=True, out=p, ldc=T, epilogue="f32", k_splits=s,
+                                           c_group_stride=I * T, wide=True), pieces, ref_act, "pieces^T")
         peers = {"dgrad": lambda: a @ w, "d_act": lambda: x @ wd}
         t_peer = {name: measure(fn) for name, fn in peers.items()}
-        for name, (fn, got, want) in forms.items():
+        for name, (fn, got, want, reads) in forms.items():
             got.fill(float("nan"))
             fn()
-            err = f"{rel(got, want) if want is not None else rel(got.sum(axis=0).T, ref):.1e}"
+            result = {"plain": got, "pieces": got.sum(axis=0), "pieces^T": got.sum(axis=0).T}[reads]
+            err = f"{rel(result, want):.1e}"
             t = measure(fn)
             peer = t_peer["d_act" if name.startswith("d_act") else "dgrad"]
             flops = 2 * T * (I * H if name.startswith("d_act") else K * H)
