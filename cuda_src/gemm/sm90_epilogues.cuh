@@ -167,6 +167,22 @@ __device__ __forceinline__ void stage_accumulators(const float (&acc)[Cfg::BN / 
     }
 }
 
+// Each of four rows' sum over the warp (v[q]: the lane's term of row q), by the tree of four
+// separate xor-16, 8, 4, 2, 1 butterflies, so with their bits, in 6 shuffles instead of 20: the
+// first step swaps half the rows with the other half-warp, the second half of the rest, so lanes
+// 8 q .. 8 q + 7 end with row q's sum. (The staged epilogue's shuffles and adds compete with the
+// consumers for issue slots.)
+__device__ __forceinline__ float warp_sum_4_rows(const float (&v)[4], int lane) {
+  const bool upper = lane & 16;  // lanes 0-15 keep rows 0 and 1, lanes 16-31 rows 2 and 3
+  const float r0 = (upper ? v[2] : v[0]) + __shfl_xor_sync(0xffffffffu, upper ? v[0] : v[2], 16);
+  const float r1 = (upper ? v[3] : v[1]) + __shfl_xor_sync(0xffffffffu, upper ? v[1] : v[3], 16);
+  const bool second = lane & 8;  // of the two rows a half-warp holds, lanes 8-15 (24-31) keep the second
+  float s = (second ? r1 : r0) + __shfl_xor_sync(0xffffffffu, second ? r0 : r1, 8);
+  #pragma unroll
+  for (int m = 4; m > 0; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
+  return s;
+}
+
 // The epilogue warps (ew = 0 .. E_WARPS - 1): for every tile of the CTA, once the consumers have
 // staged its da', rows ew * R, ew * R + E_WARPS * R, ... (R at a time), one row per warp, 4
 // columns per lane: dg, du (and aw = bf16(w a), one partial of <da', a> per row and tile) from
@@ -201,10 +217,12 @@ struct EpilogueRows {
                                          int col, int lane) const {
     const bool routed = p.e_aw != nullptr, contract = p.e_contract != 0, col_ok = col < p.n;
     const i64 ld_grad = p.e_ld_grad ? p.e_ld_grad : p.ldc;
+    float dots[R];  // the lane's terms of each row's <da', a>
     #pragma unroll
     for (int q = 0; q < R; ++q) {
       const int r = r0 + q, row = tc.m0 + r;
-      if (r >= rows) break;  // the same for the whole warp
+      dots[q] = 0.f;
+      if (r >= rows) continue;  // the same for the whole warp
       const float4 d = *(const float4*)(dacc + dacc_offset(r, lane));
       const float lo[2] = {d.x, d.y}, hi[2] = {d.z, d.w};
       uint2 dg, du;
@@ -221,13 +239,17 @@ struct EpilogueRows {
         if (col_ok)
           *(uint2*)((bf16_t*)p.e_aw + at) = make_uint2(pack_bf16x2(w[q] * a[0], w[q] * a[1]),
                                                        pack_bf16x2(w[q] * a[2], w[q] * a[3]));
-        float dot = (d.x * a[0] + d.y * a[1]) + (d.z * a[2] + d.w * a[3]);
-        #pragma unroll
-        for (int s = 16; s > 0; s >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, s);
-        if (lane == 0 && p.e_row_partial) p.e_row_partial[(i64)row * p.e_partial_ld + tc.n0 / Cfg::BN] = dot;
+        dots[q] = (d.x * a[0] + d.y * a[1]) + (d.z * a[2] + d.w * a[3]);
       }
     }
+    if (routed && p.e_row_partial) {
+      const float dot = warp_sum_4_rows(dots, lane);
+      const int q = lane / 8;  // lane 8 q holds row q's sum
+      if (lane % 8 == 0 && r0 + q < rows)
+        p.e_row_partial[(i64)(tc.m0 + r0 + q) * p.e_partial_ld + tc.n0 / Cfg::BN] = dot;
+    }
   }
+  static_assert(R == 4, "warp_sum_4_rows");
 };
 
 template <class Cfg>
