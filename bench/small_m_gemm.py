@@ -46,6 +46,13 @@ def cublas_kernels(fn):
     return ", ".join(sorted({e.name[:60] for e in prof.events() if e.device_type.name == "CUDA"}))
 
 
+def split_k(m, n, segments, a_kmajor, b_kmajor, splits, **kw):
+    """(launch, its fp32 pieces [splits, m, n]) of an unsummed split-K gemm()."""
+    pieces = cp.empty((splits, m, n), cp.float32)
+    return (lambda: gemm(m=m, n=n, segments=segments, a_kmajor=a_kmajor, b_kmajor=b_kmajor, out=pieces, ldc=n,
+                         epilogue="f32", k_splits=splits, c_group_stride=m * n, **kw)), pieces
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--T", default="192,384,512")
@@ -71,28 +78,19 @@ def main():
                                                              a_kmajor=False, b_kmajor=True, out=out_t, ldc=T),
                                                 out_t, ref.T, "plain")
         for s in (2, 4):
-            pieces = cp.empty((s, H, T), cp.float32)
-            forms[f"dgrad^T split-K {s} (fp32 pieces)"] = (
-                lambda s=s, p=pieces: gemm(m=H, n=T, segments=[Segment(w, H, a, K, k=K)], a_kmajor=False,
-                                           b_kmajor=True, out=p, ldc=T, epilogue="f32", k_splits=s,
-                                           c_group_stride=H * T), pieces, ref, "pieces^T")
+            forms[f"dgrad^T split-K {s} (fp32 pieces)"] = split_k(H, T, [Segment(w, H, a, K, k=K)], False, True, s) + (
+                ref, "pieces^T")
         d_act = cp.empty((T, I), bfloat16)
         forms["d_act 128-row tiles"] = (lambda: gemm(m=T, n=I, segments=[Segment(x, H, wd, I, k=H)], a_kmajor=True,
                                                      b_kmajor=False, out=d_act, ldc=I), d_act, ref_act, "plain")
         # SOL-080's small-T d_act: split-K pieces (5 at T = 192 beside the router), against the
         # transpose in one 256-wide column tile of T (11 row tiles of I, so up to 12 pieces).
         for s in (5, 6):
-            pieces = cp.empty((s, T, I), cp.float32)
-            forms[f"d_act split-K {s} (fp32 pieces)"] = (
-                lambda s=s, p=pieces: gemm(m=T, n=I, segments=[Segment(x, H, wd, I, k=H)], a_kmajor=True,
-                                           b_kmajor=False, out=p, ldc=I, epilogue="f32", k_splits=s,
-                                           c_group_stride=T * I), pieces, ref_act, "pieces")
+            forms[f"d_act split-K {s} (fp32 pieces)"] = split_k(T, I, [Segment(x, H, wd, I, k=H)], True, False, s) + (
+                ref_act, "pieces")
         for s in (11, 12):
-            pieces = cp.empty((s, I, T), cp.float32)
-            forms[f"d_act^T wide split-K {s}"] = (
-                lambda s=s, p=pieces: gemm(m=I, n=T, segments=[Segment(wd, I, x, H, k=H)], a_kmajor=False,
-                                           b_kmajor=True, out=p, ldc=T, epilogue="f32", k_splits=s,
-                                           c_group_stride=I * T, wide=True), pieces, ref_act, "pieces^T")
+            forms[f"d_act^T wide split-K {s}"] = split_k(I, T, [Segment(wd, I, x, H, k=H)], False, True, s,
+                                                        wide=True) + (ref_act, "pieces^T")
         peers = {"dgrad": lambda: a @ w, "d_act": lambda: x @ wd}
         t_peer = {name: measure(fn) for name, fn in peers.items()}
         for name, (fn, got, want, reads) in forms.items():
