@@ -154,6 +154,12 @@ __device__ __forceinline__ int dacc_offset(int r, int chunk) {
   return r * 512 + ((chunk ^ (2 * (r % 4))) << 4);
 }
 
+// The same for row r0 + q of an epilogue warp's batch (r0 a multiple of 4, q < 4): the swizzle's
+// r % 4 is q, known at compile time in the batch's unrolled loop.
+__device__ __forceinline__ int dacc_offset_in_batch(int r0, int q, int chunk) {
+  return (r0 + q) * 512 + ((chunk ^ (2 * q)) << 4);
+}
+
 // A consumer warpgroup's accumulators (its 64 rows) into the buffer.
 template <class Cfg>
 __device__ __forceinline__ void stage_accumulators(const float (&acc)[Cfg::BN / 2], u8* dacc, int wg, int tid) {
@@ -196,9 +202,9 @@ template <class Cfg>
 struct EpilogueRows {
   static constexpr int R = 4;  // rows per batch; two batches in flight per warp
   uint2 g2[R], u2[R], a2[R];
-  float w[R];
+  float w_lane;  // lane q < R: row r0 + q's routing weight (finish broadcasts it to the warp)
 
-  __device__ __forceinline__ void load(const GemmParams& p, const Tile& tc, int r0, int rows, int col) {
+  __device__ __forceinline__ void load(const GemmParams& p, const Tile& tc, int r0, int rows, int col, int lane) {
     const bool routed = p.e_aw != nullptr, col_ok = col < p.n;
     const bf16_t *gate = (const bf16_t*)p.e_gate, *up = (const bf16_t*)p.e_up, *act = (const bf16_t*)p.e_act;
     #pragma unroll
@@ -209,8 +215,10 @@ struct EpilogueRows {
       g2[q] = ok ? __ldg((const uint2*)(gate + at)) : make_uint2(0, 0);
       u2[q] = ok ? __ldg((const uint2*)(up + at)) : make_uint2(0, 0);
       a2[q] = ok && routed ? __ldg((const uint2*)(act + at)) : make_uint2(0, 0);
-      w[q] = r < rows ? swiglu_row_weight(p, row, tc.m_hi) : 1.f;
     }
+    // The batch's R weights by one load (and its index load) over R lanes instead of R loads
+    // by every lane: fewer instructions beside the consumers' MMAs.
+    w_lane = lane < R && r0 + lane < rows ? swiglu_row_weight(p, tc.m0 + r0 + lane, tc.m_hi) : 1.f;
   }
 
   __device__ __forceinline__ void finish(const GemmParams& p, const Tile& tc, const u8* dacc, int r0, int rows,
@@ -223,11 +231,12 @@ struct EpilogueRows {
       const int r = r0 + q, row = tc.m0 + r;
       dots[q] = 0.f;
       if (r >= rows) continue;  // the same for the whole warp
-      const float4 d = *(const float4*)(dacc + dacc_offset(r, lane));
+      const float w = __shfl_sync(0xffffffffu, w_lane, q);
+      const float4 d = *(const float4*)(dacc + dacc_offset_in_batch(r0, q, lane));
       const float lo[2] = {d.x, d.y}, hi[2] = {d.z, d.w};
       uint2 dg, du;
-      swiglu_grad_pair<Cfg::PACKED_CONTRACT>(lo, g2[q].x, u2[q].x, w[q], contract, dg.x, du.x);
-      swiglu_grad_pair<Cfg::PACKED_CONTRACT>(hi, g2[q].y, u2[q].y, w[q], contract, dg.y, du.y);
+      swiglu_grad_pair<Cfg::PACKED_CONTRACT>(lo, g2[q].x, u2[q].x, w, contract, dg.x, du.x);
+      swiglu_grad_pair<Cfg::PACKED_CONTRACT>(hi, g2[q].y, u2[q].y, w, contract, dg.y, du.y);
       const i64 at = (i64)row * p.ldc + col, at_grad = (i64)row * ld_grad + col;
       if (col_ok) {
         *(uint2*)((bf16_t*)p.e_dg + at_grad) = dg;
@@ -237,8 +246,8 @@ struct EpilogueRows {
         const float a[4] = {bf16_to_f32(a2[q].x & 0xffff), bf16_to_f32(a2[q].x >> 16),
                             bf16_to_f32(a2[q].y & 0xffff), bf16_to_f32(a2[q].y >> 16)};
         if (col_ok)
-          *(uint2*)((bf16_t*)p.e_aw + at) = make_uint2(pack_bf16x2(w[q] * a[0], w[q] * a[1]),
-                                                       pack_bf16x2(w[q] * a[2], w[q] * a[3]));
+          *(uint2*)((bf16_t*)p.e_aw + at) = make_uint2(pack_bf16x2(w * a[0], w * a[1]),
+                                                       pack_bf16x2(w * a[2], w * a[3]));
         dots[q] = (d.x * a[0] + d.y * a[1]) + (d.z * a[2] + d.w * a[3]);
       }
     }
@@ -249,7 +258,7 @@ struct EpilogueRows {
         p.e_row_partial[(i64)(tc.m0 + r0 + q) * p.e_partial_ld + tc.n0 / Cfg::BN] = dot;
     }
   }
-  static_assert(R == 4, "warp_sum_4_rows");
+  static_assert(R == 4, "warp_sum_4_rows, and dacc_offset_in_batch's batches of 4 rows");
 };
 
 template <class Cfg>
@@ -266,10 +275,10 @@ __device__ __forceinline__ void swiglu_epilogue_warps(const GemmSm90Params& P,
     const Tile tc = sched.tile(t);
     const int rows = min(BM, tc.m_hi - tc.m0), col = tc.n0 + 4 * lane;
     Rows cur, next;
-    cur.load(p, tc, ew * Rows::R, rows, col);  // before da' is staged: they do not depend on it
+    cur.load(p, tc, ew * Rows::R, rows, col, lane);  // before da' is staged: they do not depend on it
     mbar_wait(&epi_bar[0], j & 1);
-    for (int r0 = ew * Rows::R; r0 < rows; r0 += STEP) {
-      if (r0 + STEP < rows) next.load(p, tc, r0 + STEP, rows, col);
+    for (int r0 = ew * Rows::R; r0 < rows; r0 += STEP) {  // (r0: multiples of R)
+      if (r0 + STEP < rows) next.load(p, tc, r0 + STEP, rows, col, lane);
       cur.finish(p, tc, dacc, r0, rows, col, lane);
       cur = next;
     }
