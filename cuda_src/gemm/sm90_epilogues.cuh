@@ -206,15 +206,17 @@ struct EpilogueRows {
 
   __device__ __forceinline__ void load(const GemmParams& p, const Tile& tc, int r0, int rows, int col, int lane) {
     const bool routed = p.e_aw != nullptr, col_ok = col < p.n;
-    const bf16_t *gate = (const bf16_t*)p.e_gate, *up = (const bf16_t*)p.e_up, *act = (const bf16_t*)p.e_act;
+    // The batch's first row once, then a row pointer stepped by ldc: the same addresses with
+    // one 64-bit add a row instead of a multiply-add per operand.
+    const i64 at = (i64)(tc.m0 + r0) * p.ldc + col;
+    const bf16_t *gate = (const bf16_t*)p.e_gate + at, *up = (const bf16_t*)p.e_up + at;
+    const bf16_t* act = (const bf16_t*)p.e_act + at;
     #pragma unroll
-    for (int q = 0; q < R; ++q) {
-      const int r = r0 + q, row = tc.m0 + r;
-      const bool ok = r < rows && col_ok;
-      const i64 at = (i64)row * p.ldc + col;
-      g2[q] = ok ? __ldg((const uint2*)(gate + at)) : make_uint2(0, 0);
-      u2[q] = ok ? __ldg((const uint2*)(up + at)) : make_uint2(0, 0);
-      a2[q] = ok && routed ? __ldg((const uint2*)(act + at)) : make_uint2(0, 0);
+    for (int q = 0; q < R; ++q, gate += p.ldc, up += p.ldc, act += p.ldc) {
+      const bool ok = r0 + q < rows && col_ok;
+      g2[q] = ok ? __ldg((const uint2*)gate) : make_uint2(0, 0);
+      u2[q] = ok ? __ldg((const uint2*)up) : make_uint2(0, 0);
+      a2[q] = ok && routed ? __ldg((const uint2*)act) : make_uint2(0, 0);
     }
     // The batch's R weights by one load (and its index load) over R lanes instead of R loads
     // by every lane: fewer instructions beside the consumers' MMAs.
@@ -225,29 +227,31 @@ struct EpilogueRows {
                                          int col, int lane) const {
     const bool routed = p.e_aw != nullptr, contract = p.e_contract != 0, col_ok = col < p.n;
     const i64 ld_grad = p.e_ld_grad ? p.e_ld_grad : p.ldc;
+    // Row pointers of the batch's first row, stepped a row at a time (as in load).
+    const i64 row0 = tc.m0 + r0;
+    bf16_t* dg_row = (bf16_t*)p.e_dg + row0 * ld_grad + col;
+    bf16_t* du_row = (bf16_t*)p.e_du + row0 * ld_grad + col;
+    bf16_t* aw_row = (bf16_t*)p.e_aw + row0 * p.ldc + col;
     float dots[R];  // the lane's terms of each row's <da', a>
     #pragma unroll
-    for (int q = 0; q < R; ++q) {
-      const int r = r0 + q, row = tc.m0 + r;
+    for (int q = 0; q < R; ++q, dg_row += ld_grad, du_row += ld_grad, aw_row += p.ldc) {
       dots[q] = 0.f;
-      if (r >= rows) continue;  // the same for the whole warp
+      if (r0 + q >= rows) continue;  // the same for the whole warp
       const float w = __shfl_sync(0xffffffffu, w_lane, q);
       const float4 d = *(const float4*)(dacc + dacc_offset_in_batch(r0, q, lane));
       const float lo[2] = {d.x, d.y}, hi[2] = {d.z, d.w};
       uint2 dg, du;
       swiglu_grad_pair<Cfg::PACKED_CONTRACT>(lo, g2[q].x, u2[q].x, w, contract, dg.x, du.x);
       swiglu_grad_pair<Cfg::PACKED_CONTRACT>(hi, g2[q].y, u2[q].y, w, contract, dg.y, du.y);
-      const i64 at = (i64)row * p.ldc + col, at_grad = (i64)row * ld_grad + col;
       if (col_ok) {
-        *(uint2*)((bf16_t*)p.e_dg + at_grad) = dg;
-        *(uint2*)((bf16_t*)p.e_du + at_grad) = du;
+        *(uint2*)dg_row = dg;
+        *(uint2*)du_row = du;
       }
       if (routed) {  // act is zero past n: no term in the dot
         const float a[4] = {bf16_to_f32(a2[q].x & 0xffff), bf16_to_f32(a2[q].x >> 16),
                             bf16_to_f32(a2[q].y & 0xffff), bf16_to_f32(a2[q].y >> 16)};
         if (col_ok)
-          *(uint2*)((bf16_t*)p.e_aw + at) = make_uint2(pack_bf16x2(w * a[0], w * a[1]),
-                                                       pack_bf16x2(w * a[2], w * a[3]));
+          *(uint2*)aw_row = make_uint2(pack_bf16x2(w * a[0], w * a[1]), pack_bf16x2(w * a[2], w * a[3]));
         dots[q] = (d.x * a[0] + d.y * a[1]) + (d.z * a[2] + d.w * a[3]);
       }
     }
