@@ -52,6 +52,7 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const Schedule
     if (t >= sched.total) break;
     const Tile tc = sched.tile(t);
     const int grp = Cfg::GROUPING == kMGrouped ? tc.group : 0;
+    const bool half_a = L::HALF_A && tc.m_hi - tc.m0 <= 64;  // (as the consumers' idle test)
     int kt = 0;  // k-tile over all segments
     for (int s = 0; s < p.num_segments; ++s) {
       if (!sched.in_segment(tc, s)) continue;  // as k_tiles counts them
@@ -69,10 +70,10 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const Schedule
         u8* tb = ta + L::A_BYTES;
         const int kl = shift_last && k0 + BK > k_end ? k_end - BK : k0;  // the lines loaded
         if (tid == 0) {
-          if constexpr (L::TMA_BYTES > 0) mbar_arrive_expect_tx(&full[stage], L::TMA_BYTES);
+          if constexpr (L::TMA_BYTES > 0) mbar_arrive_expect_tx(&full[stage], L::TMA_BYTES - (half_a ? L::A_BYTES / 2 : 0));
           else mbar_arrive(&full[stage]);
-          if constexpr (!L::CPA_A)
-            tma_tile<BM, Cfg::A_KMAJOR>(ta, &P.tma_a[s], &full[stage], tc.m0, kl, 0);
+          if (half_a) tma_tile<64, true>(ta, &P.tma_a_half[s], &full[stage], tc.m0, kl, 0);
+          else if constexpr (!L::CPA_A) tma_tile<BM, Cfg::A_KMAJOR>(ta, &P.tma_a[s], &full[stage], tc.m0, kl, 0);
           if constexpr (!L::CPA_B)
             tma_tile<BN, Cfg::B_KMAJOR>(tb, &P.tma_b[s], &full[stage], tc.n0, kl, grp);
           if (kt == 0) TRACE_PRODUCER_END(true, t);

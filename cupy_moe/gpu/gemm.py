@@ -151,10 +151,11 @@ def _module(cfg: GemmConfig):
 
 
 def _sm90_params_struct():
+    # tma_a_half: a K-major A's map again with boxes of 64 rows, for tiles with at most 64 real rows
     fields = [("tma_a", TmaDesc * MAX_SEGMENTS), ("tma_b", TmaDesc * MAX_SEGMENTS), ("tma_c", TmaDesc),
-              ("base", GemmParams)]
-    types = ["TmaDesc", "TmaDesc", "TmaDesc", "GemmParams"]
-    pad = -(ctypes.sizeof(TmaDesc) * (2 * MAX_SEGMENTS + 1) + ctypes.sizeof(GemmParams)) % 64
+              ("tma_a_half", TmaDesc * MAX_SEGMENTS), ("base", GemmParams)]
+    types = ["TmaDesc", "TmaDesc", "TmaDesc", "TmaDesc", "GemmParams"]
+    pad = -(ctypes.sizeof(TmaDesc) * (3 * MAX_SEGMENTS + 1) + ctypes.sizeof(GemmParams)) % 64
     if pad:  # C++ rounds the size up to TmaDesc's 64-byte alignment; the driver copies that many
         fields.append(("pad", ctypes.c_uint8 * pad))
         types.append("unsigned char")
@@ -655,6 +656,8 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
             dims = (s.k, rows) if cfg.A_KMAJOR else (rows, s.k)
             box = (64, cfg.BM) if cfg.A_KMAJOR else (64, 64)
             encode(P.tma_a[i], _addr(s.a), dims + (1,), (s.lda, s.lda * dims[1]), box + (1,))
+            if cfg.A_KMAJOR:  # (read by cooperative tiles of at most 64 real rows: Plan::HALF_A)
+                encode(P.tma_a_half[i], _addr(s.a), dims + (1,), (s.lda, s.lda * dims[1]), (64, 64, 1))
         if not copy_b:
             dims = (s.k, n) if cfg.B_KMAJOR else (n, s.k)
             box = (64, cfg.BN) if cfg.B_KMAJOR else (64, 64)
