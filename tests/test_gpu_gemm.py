@@ -266,20 +266,24 @@ def test_k_grouped_empty_groups_write_zeros(m, n, gather, engine):
 @pytest.mark.parametrize("m,n", [(136, 264), (128, 1408)])
 @ENGINES
 def test_k_grouped_short_last_k_tiles(m, n, engine):
-    """K-grouped with TMA operands: groups of 0, 1, 63, 64, 65, 127, 128, 200 and 333 lines. A
-    group's last k-tile short of 64 lines (of at least 64 in all) loads the 64 lines ending at the
+    """K-grouped with TMA operands: groups of 0, 1, 63, 64, 65, 96, 97, 127, 128, 200 and 333 lines.
+    A group's last k-tile short of 64 lines (of at least 64 in all) loads the 64 lines ending at the
     group's end and zeroes in A the ones the tile before counted; a shorter group zeroes the next
-    group's lines in both operands. An infinity in one group's B stays in that group's result."""
+    group's lines in both operands. An infinity in one group's B stays in that group's result,
+    whether or not it lies in such an overlap."""
     import cupy as cp
     from cupy_moe.gpu.gemm import Segment
 
     rng = np.random.default_rng(m + n)
-    sizes = [0, 1, 63, 64, 65, 127, 128, 200, 333]
+    sizes = [0, 1, 63, 64, 65, 127, 128, 200, 333, 96, 97]
     offs = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
     L, G = int(offs[-1]), len(sizes)
     A, B = _bf16(rng, L, m), _bf16(rng, L, n)
-    inf_group = 7  # 200 lines; its line 150 lies in the shifted last tile's zeroed overlap
-    B[offs[inf_group] + 150, 3] = np.inf
+    # Infinities in B: group 5 (127 lines), line 63, and group 7 (200 lines), line 150, both in
+    # their shifted last tile's zeroed overlap.
+    inf_at = {5: (63, 1), 7: (150, 3)}
+    for g, (line, col) in inf_at.items():
+        B[offs[g] + line, col] = np.inf
     ref = np.stack([_f(A[offs[g]:offs[g + 1]]).T @ _f(B[offs[g]:offs[g + 1]]) for g in range(G)])
     out = cp.empty((G, m, n), bfloat16)
     _run(engine, m=m, n=n, segments=[Segment(cp.asarray(A), m, cp.asarray(B), n, k=L)], a_kmajor=False,
@@ -287,9 +291,10 @@ def test_k_grouped_short_last_k_tiles(m, n, engine):
          group_offsets=cp.asarray(offs), num_groups=G)
     got = out.get().astype(np.float32)
     assert not got[0].any()
-    finite = [g for g in range(G) if g != inf_group]
+    finite = [g for g in range(G) if g not in inf_at]
     assert np.isfinite(got[finite]).all()
-    assert not np.isfinite(got[inf_group][:, 3]).all()
+    for g, (_, col) in inf_at.items():
+        assert not np.isfinite(got[g][:, col]).all()
     assert relative_error(got[finite], ref[finite]) < 1e-2
 
 
