@@ -33,9 +33,9 @@ struct Plan {
   static constexpr u32 TMA_BYTES = (CPA_A ? 0 : A_BYTES) + (CPA_B ? 0 : B_BYTES);
   // A cooperative tile with at most 64 real rows (an expert's or the matrix's last) loads only the
   // first 64 rows of a K-major A (GemmSm90Params::tma_a_half), the rows of the one warpgroup that
-  // multiplies: the other is idle. The loads, not the MMAs, set these GEMMs' pace (the SM's
-  // operand stream), and such tiles are ~1 in 9 of an M-grouped GEMM's. Measured small: the layer
-  // T = 8192 routed dgrad -0.45%, its fused SwiGLU dgrad -0.15% (bench/NOTES.md v0.26).
+  // multiplies: the other is idle. Where such tiles share a GEMM's last round with full ones,
+  // fewer bytes end the round sooner: SOL-080 -5..-7 us at the T with <= 64 rows in the last
+  // m-tile; the layer's M-grouped GEMMs -0.15..-0.45% (bench/NOTES.md v0.26).
   static constexpr bool HALF_A = !CPA_A && Cfg::A_KMAJOR && !Cfg::PINGPONG && Cfg::GROUPING != kKGrouped;
   static constexpr bool PINGPONG = Cfg::PINGPONG;
   static constexpr int HALVES = PINGPONG ? 2 : 1;     // 64-row accumulator blocks per warpgroup
