@@ -167,6 +167,25 @@ def test_grad_wd_transposed_from_7168_tokens(plan_of, monkeypatch):
     assert plan_of(192).wd_transposed
 
 
+def test_dgrad_takes_wide_tiles_where_they_fill_nine_tenths_of_the_sms(plan_of, monkeypatch):
+    """T = 997: 8 row tiles x 16 wide column tiles = 128 of 132 SMs (one round, instead of 256
+    narrow tiles in two); from T = 1025 choose() takes 256 by itself (every SM gets a tile), and at
+    T = 896 the 112 wide tiles would leave 20 SMs."""
+    from cupy_moe.gpu import sol080
+
+    Ts = (192, 512, 896, 897, 997, 1024, 1025, 8192)
+    assert [plan_of(T).dgrad_wide for T in Ts] == [False] * 3 + [True] * 3 + [False] * 2
+    g = types.SimpleNamespace(g=_Array((997, H)))
+    assert sol080._dgrad_ctas(g, plan_of(997)) == 128
+    monkeypatch.setattr(sol080, "DGRAD_WIDE", "0")
+    assert not plan_of(997).dgrad_wide
+    assert sol080._dgrad_ctas(g, plan_of(997)) == 132
+    monkeypatch.setattr(sol080, "DGRAD_WIDE", "1")
+    assert plan_of(192).dgrad_wide and plan_of(8192).dgrad_wide  # wherever the dgrad is unsplit
+    monkeypatch.setattr(sol080, "DGRAD_SPLITS", "k")
+    assert not plan_of(192).dgrad_wide  # split-K pieces keep their own tiles
+
+
 def test_small_t_order_reaches_only_split_plans(plan_of, monkeypatch):
     """CUPY_MOE_SOL080_SMALL_T_ORDER applies where d_act is split (T <= 512 here; "auto":
     "wgu-main", the dgrad then unsplit with DGRAD_SPLITS "auto"), and the dgrad's grid it caps

@@ -117,6 +117,12 @@ _SMALL_T_MIN_FREE = 16
 # The dgrad's split-K pieces: "auto" none where grad_[Wg; Wu] follows the dgrad (SMALL_T_ORDER
 # "wgu-main"), else gemm.k_splits_for; "k": k_splits_for always; "1": never (A/B).
 DGRAD_SPLITS = os.environ.get("CUPY_MOE_SOL080_DGRAD_SPLITS", "auto")
+# The unsplit dgrad in 128 x 256 tiles where they fill at least _DGRAD_WIDE_FILL of the SMs but
+# not all of them (gemm's choose() takes 256 only where every SM gets a tile): at T = 997, 128 wide
+# tiles on 128 SMs in one round instead of 256 narrow ones in two; a 256-wide k-step reads 48 KB
+# for 4.2 MFLOP against 32 KB for 2.1. "auto" | "1" | "0" (A/B).
+DGRAD_WIDE = os.environ.get("CUPY_MOE_SOL080_DGRAD_WIDE", "auto")
+_DGRAD_WIDE_FILL = 0.9
 # grad_Wd (which reads neither d_act nor the routing) first on the main stream, on the fewest CTAs
 # that keep its rounds, with the router kernel beside it on the SMs that leaves, and d_act after
 # it; instead of the router beside d_act (or first, alone, where d_act's rounds fill every SM:
@@ -197,6 +203,7 @@ class _Plan:
     wd_first: bool = False                # grad_Wd first with the router beside it (WD_FIRST)
     swiglu_sms: int = 0                   # SMs of the elementwise SwiGLU beside grad_Wd (SWIGLU_SMS)
     store_ring: int = 0                   # gemm.STORE_RING (A/B: a graph per setting)
+    dgrad_wide: bool = False              # the unsplit dgrad in 128 x 256 tiles (DGRAD_WIDE)
 
     @classmethod
     def of(cls, g, x, wr, wg, wu, wd, gate):
@@ -244,8 +251,11 @@ class _Plan:
         wgrad_fused = wanted and sm90_applies(E + 2 * I, H, acts.wgrad_segments(0, x, H, T), False, False)
         hi_ld = acts.ld if wgrad_fused else 2 * E  # (hi in the workspace rows or router.py's [hi | lo])
         dgrad_on_sm90 = sm90_applies(T, H, acts.dgrad_segments(0, 0, hi_ld, wu, wg, wr, H), True, False)
-        return cls(act_splits=act_splits, act_fused=act_fused,
-                   dgrad_splits=k_splits_for(T, H, 2 * I + E) if dgrad_on_sm90 and split_dgrad else 1,
+        dgrad_splits = k_splits_for(T, H, 2 * I + E) if dgrad_on_sm90 and split_dgrad else 1
+        wide_tiles = cdiv(T, Sm90Config.BM) * cdiv(H, 256)
+        dgrad_wide = dgrad_on_sm90 and dgrad_splits == 1 and _knob(
+            DGRAD_WIDE, _DGRAD_WIDE_FILL * sms <= wide_tiles < sms)
+        return cls(act_splits=act_splits, act_fused=act_fused, dgrad_splits=dgrad_splits,
                    router_beside=router_beside, even_rounds=EVEN_ROUNDS, wgrad_at=WGRAD_AT,
                    wgrad_stacked=router.STACKED, split_cluster=gemm_module.SPLIT_CLUSTER and SPLIT_CLUSTER,
                    wgrad_cluster=router.summed_in_the_gemm(T, E),
@@ -254,7 +264,7 @@ class _Plan:
                    wgu_pingpong=_knob(WGU_PINGPONG, T <= _WGU_PINGPONG_MAX_T),
                    wd_transposed=_knob(WD_TRANSPOSED, T >= _WD_TRANSPOSED_MIN_T),
                    small_t_order=small_t_order, wd_first=wd_first, swiglu_sms=swiglu_sms,
-                   store_ring=gemm_module.STORE_RING)
+                   store_ring=gemm_module.STORE_RING, dgrad_wide=dgrad_wide)
 
 
 @dataclass(frozen=True)
@@ -455,7 +465,7 @@ def _dgrad_ctas(inputs: _Inputs, plan: _Plan) -> int:
     SMs it leaves."""
     T, H = inputs.g.shape
     m_tiles, sms = cdiv(T, Sm90Config.BM) * plan.dgrad_splits, device_sms()
-    bn = Sm90Config.choose(m_tiles, H, sms, SPLIT_K=plan.dgrad_splits > 1).BN
+    bn = Sm90Config.choose(m_tiles, H, sms, wide=plan.dgrad_wide, SPLIT_K=plan.dgrad_splits > 1).BN
     return min(m_tiles * cdiv(H, bn), sms)
 
 
@@ -591,7 +601,7 @@ def _dgrad_gemm(inputs: _Inputs, grad_h, ws: _Workspace, plan: _Plan) -> dict:
     T, H = grad_h.shape
     hi, hi_ld, _ = _grl_at(inputs, ws, plan)
     segments = _Acts.of(inputs).dgrad_segments(ws.acts, hi, hi_ld, inputs.wu, inputs.wg, inputs.wr, H)
-    common = dict(m=T, n=H, segments=segments, a_kmajor=True, b_kmajor=False, ldc=H)
+    common = dict(m=T, n=H, segments=segments, a_kmajor=True, b_kmajor=False, ldc=H, wide=plan.dgrad_wide)
     if plan.dgrad_splits == 1 or plan.split_cluster:  # split: the pieces summed in the GEMM
         return dict(common, out=grad_h, k_splits=plan.dgrad_splits)
     return dict(common, out=ws.dgrad_pieces, epilogue="f32", k_splits=plan.dgrad_splits,
