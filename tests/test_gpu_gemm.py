@@ -402,62 +402,6 @@ def test_even_rounds_grid_gives_the_same_bits(epilogue):
     np.testing.assert_array_equal(full.view(np.uint16), even.view(np.uint16))
 
 
-@pytest.mark.parametrize("m,n,k", [(1, 1408, 192), (2053, 1032, 264), (300, 136, 72)])
-def test_bf16_staging_gives_the_contract_the_same_bits(m, n, k, monkeypatch):
-    """With SOL-080's contract rounding the staged epilogue takes da' as bf16 pairs
-    (gemm.STAGED_BF16 "contract"): the contract rounds da' to bf16 first, so dg and du are bitwise
-    those of fp32 staging ("0"); one row, a tile past n's last multiple of 128, tiles that
-    straddle the rows' end."""
-    import cupy as cp
-    from cupy_moe.gpu import gemm as G
-    from cupy_moe.gpu.gemm import Segment, SwigluBackward
-
-    rng = np.random.default_rng(m + n + k)
-    A, B = cp.asarray(_bf16(rng, m, k)), cp.asarray(_bf16(rng, k, n))
-    gate, up = cp.asarray(_bf16(rng, m, n)), cp.asarray(_bf16(rng, m, n))
-    out = cp.empty((m, 2 * n), bfloat16)
-    results = []
-    for mode in ("0", "contract"):
-        monkeypatch.setattr(G, "STAGED_BF16", mode)
-        out.fill(np.nan)
-        G.gemm(m=m, n=n, segments=[Segment(A, k, B, n, k=k)], a_kmajor=True, b_kmajor=False, out=None,
-               ldc=n, epilogue="swiglu_backward", engine="sm90",
-               swiglu=SwigluBackward(gate=gate, up=up, dg=out, du=out.data.ptr + 2 * n, ld_grad=2 * n,
-                                     contract_rounding=True))
-        results.append(out.get())
-    assert not np.isnan(results[0].astype(np.float32)).any()
-    assert results[0].astype(np.float32).any()
-    np.testing.assert_array_equal(results[0].view(np.uint16), results[1].view(np.uint16))
-
-
-def test_bf16_staging_of_routed_experts_rounds_da_only(monkeypatch):
-    """STAGED_BF16 "all" (an A/B mode) stages the layer's routed da' as bf16 too: dg, du, aw and
-    dw = <da', a> stay within bf16 rounding of fp32 staging's, every element written."""
-    import cupy as cp
-    from cupy_moe.gpu import gemm as G
-    from cupy_moe.gpu.gemm import Segment, SwigluBackward
-
-    rng = np.random.default_rng(31)
-    Gs, M, n, k = 5, 1031, 1408, 136
-    offs = _groups(rng, Gs, M, empty=(2,))
-    dy, W = cp.asarray(_bf16(rng, M, k)), cp.asarray(_bf16(rng, Gs, k, n))
-    g, u, a = (cp.asarray(_bf16(rng, M, n)) for _ in range(3))
-    w = cp.asarray(rng.random(M, dtype=np.float32))
-    results = []
-    for mode in ("0", "all"):
-        monkeypatch.setattr(G, "STAGED_BF16", mode)
-        outs = [cp.full((M, n), np.nan, bfloat16) for _ in range(3)]
-        dw = cp.full(M, np.nan, cp.float32)
-        G.gemm(m=M, n=n, segments=[Segment(dy, k, W, n, k=k, b_group_stride=k * n)], a_kmajor=True,
-               b_kmajor=False, out=None, ldc=n, epilogue="swiglu_backward", engine="sm90",
-               swiglu=SwigluBackward(gate=g, up=u, dg=outs[0], du=outs[1], act=a, weights=w, aw=outs[2], dw=dw),
-               grouping="m", group_offsets=cp.asarray(offs), num_groups=Gs)
-        results.append([o.get().astype(np.float32) for o in outs] + [dw.get()])
-    for fp32, bf in zip(*results):
-        assert not np.isnan(bf).any() and not np.isnan(fp32).any()
-        assert relative_error(bf, fp32) < 1e-2
-
-
 @pytest.mark.parametrize("case", ["dense", "m-gather", "k-grouped", "swiglu"])
 def test_dynamic_tile_claims_give_the_same_bits(case, monkeypatch):
     """Tiles claimed as the CTAs go (gemm.DYNAMIC_TILES) are each computed whole, in the same

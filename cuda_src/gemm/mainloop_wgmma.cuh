@@ -298,8 +298,7 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
     }
     if constexpr (L::E_STAGED) {  // hand da' to the epilogue warps once they are done with the last
       mbar_wait(&epi_bar[1], (i & 1) ^ 1);
-      if constexpr (Cfg::E_BF16) stage_accumulators_bf16<Cfg>(acc[0], smem + L::DACC, wg, tid);
-      else stage_accumulators<Cfg>(acc[0], smem + L::DACC, wg, tid);
+      stage_accumulators<Cfg>(acc[0], smem + L::DACC, wg, tid);
       mbar_arrive(&epi_bar[0]);
     } else if (L::TMA_STORE && (Cfg::GROUPING != kMGrouped || tc.m0 + row_off(0) + L::WG_ROWS <= tc.m_hi) &&
                (!Cfg::ROW_SPLIT || tc.m0 >= P.base.c2_rows)) {

@@ -79,19 +79,6 @@ __device__ __forceinline__ void swiglu_grad_pair(const float (&d)[2], u32 g2, u3
   du2 = pack_bf16x2(du[0], du[1]);
 }
 
-// The same from da' already a bf16 pair (staged so: Cfg::E_BF16); with the packed contract, as
-// it is, with no unpacking and repacking.
-template <bool PACKED>
-__device__ __forceinline__ void swiglu_grad_pair_bf16(u32 d2, u32 g2, u32 u2, float w, bool contract,
-                                                      u32& dg2, u32& du2) {
-  if (contract && PACKED) {
-    contract_swiglu_pair(d2, g2, u2, dg2, du2);
-    return;
-  }
-  const float d[2] = {bf16_to_f32(d2 & 0xffff), bf16_to_f32(d2 >> 16)};
-  swiglu_grad_pair<PACKED>(d, g2, u2, w, contract, dg2, du2);
-}
-
 // A row's routing weight for the SwiGLU epilogue (1 outside the rows or without weights).
 __device__ __forceinline__ float swiglu_row_weight(const GemmParams& p, int row, int m_hi) {
   return p.e_row_weight && row < m_hi ? p.e_row_weight[p.e_row_index ? p.e_row_index[row] : row] : 1.f;
@@ -186,26 +173,6 @@ __device__ __forceinline__ void stage_accumulators(const float (&acc)[Cfg::BN / 
     }
 }
 
-// The same as bf16 pairs (Cfg::E_BF16): rows of BN = 128 bf16 (256 bytes), 16-byte chunk c of
-// row r at chunk c ^ (r % 8), so that each 4-byte write of 8 rows x 4 pairs and each row read
-// are free of bank conflicts. pack_bf16x2 rounds as the contract's bf16(d_act) does.
-__device__ __forceinline__ int dacc_bf16_offset(int r, int chunk) {
-  return r * 256 + ((chunk ^ (r % 8)) << 4);
-}
-
-template <class Cfg>
-__device__ __forceinline__ void stage_accumulators_bf16(const float (&acc)[Cfg::BN / 2], u8* dacc, int wg, int tid) {
-  static_assert(Cfg::BN == 128, "bf16 staging: rows of 16 chunks");
-  const int warp = tid / 32, lane = tid % 32;
-  #pragma unroll
-  for (int j = 0; j < Cfg::BN / 8; ++j)
-    #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = 64 * wg + 16 * warp + lane / 4 + 8 * h;  // columns 8 j + 2 (lane % 4), + 1
-      *(u32*)(dacc + dacc_bf16_offset(r, j) + 4 * (lane % 4)) = pack_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-    }
-}
-
 // Each of four rows' sum over the warp (v[q]: the lane's term of row q), by the tree of four
 // separate xor-16, 8, 4, 2, 1 butterflies, so with their bits, in 6 shuffles instead of 20: the
 // first step swaps half the rows with the other half-warp, the second half of the rest, so lanes
@@ -271,21 +238,11 @@ struct EpilogueRows {
       dots[q] = 0.f;
       if (r0 + q >= rows) continue;  // the same for the whole warp
       const float w = __shfl_sync(0xffffffffu, w_lane, q);
-      float4 d;
+      const float4 d = *(const float4*)(dacc + dacc_offset_in_batch(r0, q, lane));
+      const float lo[2] = {d.x, d.y}, hi[2] = {d.z, d.w};
       uint2 dg, du;
-      if constexpr (Cfg::E_BF16) {  // the lane's 4 columns: 8 bytes, chunk lane / 2
-        const uint2 d2 = *(const uint2*)(dacc + dacc_bf16_offset(r0 + q, lane / 2) + 8 * (lane % 2));
-        swiglu_grad_pair_bf16<Cfg::PACKED_CONTRACT>(d2.x, g2[q].x, u2[q].x, w, contract, dg.x, du.x);
-        swiglu_grad_pair_bf16<Cfg::PACKED_CONTRACT>(d2.y, g2[q].y, u2[q].y, w, contract, dg.y, du.y);
-        if (routed)
-          d = make_float4(bf16_to_f32(d2.x & 0xffff), bf16_to_f32(d2.x >> 16), bf16_to_f32(d2.y & 0xffff),
-                          bf16_to_f32(d2.y >> 16));
-      } else {
-        d = *(const float4*)(dacc + dacc_offset_in_batch(r0, q, lane));
-        const float lo[2] = {d.x, d.y}, hi[2] = {d.z, d.w};
-        swiglu_grad_pair<Cfg::PACKED_CONTRACT>(lo, g2[q].x, u2[q].x, w, contract, dg.x, du.x);
-        swiglu_grad_pair<Cfg::PACKED_CONTRACT>(hi, g2[q].y, u2[q].y, w, contract, dg.y, du.y);
-      }
+      swiglu_grad_pair<Cfg::PACKED_CONTRACT>(lo, g2[q].x, u2[q].x, w, contract, dg.x, du.x);
+      swiglu_grad_pair<Cfg::PACKED_CONTRACT>(hi, g2[q].y, u2[q].y, w, contract, dg.y, du.y);
       if (col_ok) {
         *(uint2*)dg_row = dg;
         *(uint2*)du_row = du;

@@ -75,9 +75,7 @@ struct Plan {
   static constexpr int E_WARPS = E_STAGED ? 3 + 4 : 0;
   static constexpr int THREADS = MAIN_THREADS + (E_STAGED ? 128 : 0);
   static constexpr int DACC = STAGING + CONSUMER_WARPGROUPS * STAGING_BYTES;  // see dacc_offset
-  // Cfg::E_BF16: da' staged as bf16 pairs (where the contract rounds it first: the same bits),
-  // half the buffer, so the main loop keeps one more stage.
-  static constexpr int DACC_BYTES = E_STAGED ? BM * Cfg::BN * (Cfg::E_BF16 ? 2 : 4) : 0;
+  static constexpr int DACC_BYTES = E_STAGED ? BM * Cfg::BN * 4 : 0;
   static constexpr int BARRIERS = DACC + DACC_BYTES;                // full, empty
   static constexpr int TURNS = BARRIERS + 2 * Cfg::STAGES * 8;     // ping-pong: whose MMAs next
   static constexpr int EPI_BARRIERS = TURNS + 2 * 8;                // da' staged, buffer free
@@ -135,7 +133,6 @@ struct Plan {
                 "K-grouped GEMMs reduce over memory lines: both operands MN-major");
   static_assert(!E_STAGED || (Cfg::EPILOGUE == kSwigluBackward && !PINGPONG && !Cfg::C_TMA && !CPA &&
                                Cfg::BN == 128), "staged SwiGLU epilogue: cooperative 128 x 128, TMA loads");
-  static_assert(!Cfg::E_BF16 || E_STAGED, "bf16 staging is the staged SwiGLU epilogue's");
   static_assert(THREADS == HOST_THREADS, "Sm90Config.threads (cupy_moe/gpu/gemm.py) disagrees with this block");
   static_assert(SCHEDULE == HOST_TABLE_OFFSET,
                 "Sm90Config.smem_bytes (cupy_moe/gpu/gemm.py) disagrees with this layout");

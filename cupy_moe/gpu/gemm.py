@@ -33,11 +33,6 @@ PINGPONG = {"1": True, "0": False}.get(os.environ.get("CUPY_MOE_PINGPONG", ""), 
 # run it after each tile's main loop, the tensor cores idle); CUPY_MOE_STAGED_EPILOGUE=0 turns it
 # off for a process (A/B, tests).
 STAGED_EPILOGUE = os.environ.get("CUPY_MOE_STAGED_EPILOGUE", "1") != "0"
-# Which staged SwiGLU epilogues hand da' over as bf16 pairs (Sm90Config.E_BF16) instead of fp32:
-# "contract" (SOL-080's rounding points, which round da' to bf16 before any use: the same bits
-# with half the buffer, which gives the main loop a 6th stage), "all" (also the layer's, whose
-# fp32 da' it rounds: A/B only) or "0" (none). CUPY_MOE_STAGED_BF16 sets it.
-STAGED_BF16 = os.environ.get("CUPY_MOE_STAGED_BF16", "contract")
 # Staging units per consumer warpgroup for the bf16 TMA stores of cooperative 128 x 256 tiles
 # (Sm90Config.STORE_RING): 2 (16 KB reused as the stores read it, so 4 stages fit beside it) or 0
 # (64 rows x 256 in one buffer, 3 stages). CUPY_MOE_STORE_RING sets it (A/B).
@@ -184,7 +179,6 @@ class Sm90Config:
     C_TMA: bool = False  # bf16 results leave through shared memory and TMA stores
     PINGPONG: bool = False  # consumer warpgroups take whole tiles in turn (else share each tile)
     E_STAGED: bool = False  # SwiGLU backward on the producer's spare warps from staged fp32 da'
-    E_BF16: bool = False  # E_STAGED: da' staged as bf16 pairs (STAGED_BF16)
     SPLIT_K: bool = False  # fp32 pieces of the reduction (ungrouped GEMMs; the kernel reads
     # their count in GemmParams.num_groups)
     SPLIT_CLUSTER: bool = False  # the pieces of a tile are a cluster that sums them itself
@@ -223,7 +217,7 @@ class Sm90Config:
             staging = 2 * self.STORE_RING * 64 * 64 * 2  # two consumer warpgroups' rings of 64 x 64 units
         else:
             staging = (2 if self.PINGPONG else 1) * self.BM * self.BN * (4 if self.EPILOGUE == EPILOGUES["f32"] else 2)
-        epilogue = self.BM * self.BN * (2 if self.E_BF16 else 4) + 16 if self.E_STAGED else 0
+        epilogue = self.BM * self.BN * 4 + 16 if self.E_STAGED else 0
         feed = 4 * (4 + 8 + 8) + 16  # TileFeed: 4 slots, their full and empty barriers, 1 int
         return 1024 + self.STAGES * (stage + 16) + staging + epilogue + 16 + feed + 4 * (num_groups + 1)
 
@@ -412,7 +406,7 @@ def prepare(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_km
 
     opt = lambda a: 0 if a is None else _addr(a)
     sw = swiglu if epilogue == "swiglu_backward" else None
-    key = (cupy.cuda.Device().id, PINGPONG, STAGED_EPILOGUE, STAGED_BF16, DYNAMIC_TILES, STORE_RING, F32_TMA,
+    key = (cupy.cuda.Device().id, PINGPONG, STAGED_EPILOGUE, DYNAMIC_TILES, STORE_RING, F32_TMA,
            tuple(sorted(CONFIG_OVERRIDE.items())),
            m, n, a_kmajor, b_kmajor, opt(out), ldc, epilogue, grouping, opt(group_offsets),
            num_groups, c_group_stride, opt(gather_a), opt(gather_b), gather_div, engine, k_splits,
@@ -631,8 +625,6 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
     if cluster:
         pingpong = c_tma = False
     staged = not pingpong and not cluster and _epilogue_staged(p, n, flags)
-    if staged and (STAGED_BF16 == "all" or STAGED_BF16 == "contract" and p.e_contract):
-        flags = dict(flags, E_BF16=True)
     # Claims need a counter pair of the launch's own (none is made inside a stream capture: that
     # launch keeps the static order). A cluster's CTAs take one tile each, their rank's: no claims.
     if dynamic is None:
@@ -838,9 +830,6 @@ def example_sm90_configs():
     out.append(Sm90Config.choose(64, 4096, 132, 0, False, C_TMA=True, DYNAMIC=True))
     out.append(Sm90Config.choose(64, 1408, 132, 0, False, A_KMAJOR=True, B_KMAJOR=False, EPILOGUE=3,
                                  E_STAGED=True, DYNAMIC=True))
-    # SOL-080's fused d_act: da' staged as bf16 pairs (the contract rounds it first).
-    out.append(Sm90Config.choose(64, 1408, 132, 0, False, A_KMAJOR=True, B_KMAJOR=False, EPILOGUE=3,
-                                 E_STAGED=True, E_BF16=True))
     # Transposed results (gemm(out_transposed)): SOL-080's grad_Wd as (act^T g)^T in 128 x 256
     # tiles, the layer's K-grouped dWd the same way, and a ping-pong one.
     out.append(Sm90Config.choose(11, 4096, 132, 0, False, A_KMAJOR=False, B_KMAJOR=False, C_TMA=True,
