@@ -3,7 +3,9 @@ alone, L2 flushed, median of --reps (us), on all the SMs or on N of them (--besi
 one block of all of an SM's shared memory on each of the others, spinning ~2 ms on a side
 stream, as d_act or grad_Wd leave the router N SMs in the call): what one SM moves there.
 Each timed launch runs a real check (its verdict read after the launch, as the library does).
-Usage (device): PYTHONPATH=. python bench/router_alone.py [--T 192,2053,8192] [--beside 0,14]"""
+Outputs of each variant are compared bit for bit with the plain kernel's.
+Usage (device): PYTHONPATH=. python bench/router_alone.py [--T 192,2053,8192] [--beside 0,14]
+[--router plain,pipelined:4]"""
 import argparse
 import statistics
 import time
@@ -27,6 +29,7 @@ def main():
     ap.add_argument("--T", default="192,2053,8192")
     ap.add_argument("--beside", default="0")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--router", default="plain", help="comma list of plain | pipelined:TPW")
     args = ap.parse_args()
     dev = cp.cuda.Device()
     sms = dev.attributes["MultiProcessorCount"]
@@ -37,7 +40,7 @@ def main():
     side = cp.cuda.Stream(non_blocking=True)
     start, end = cp.cuda.Event(), cp.cuda.Event()
 
-    print(f"{'T':>6} {'SMs':>5} {'us':>8} {'GB/s':>8} {'GB/s an SM':>10}")
+    print(f"{'T':>6} {'SMs':>5} {'router':>12} {'us':>8} {'GB/s':>8} {'GB/s an SM':>10}")
     for T in (int(t) for t in args.T.split(",")):
         a = make_sol080_inputs(T, seed=T, xp=cp)
         inputs = sol080._Inputs(*(a[k] for k in (
@@ -54,7 +57,14 @@ def main():
             sol080._router_kernel(inputs, hi, 2 * E, E, check.kernel_args)
             return check
 
-        for free in (int(f) for f in args.beside.split(",")):
+        sol080.ROUTER = "plain"
+        hi.fill(0xFFFF)
+        call().finish()
+        ref = hi.copy()
+
+        for free, kind in ((int(f), k) for f in args.beside.split(",") for k in args.router.split(",")):
+            sol080.ROUTER, _, tpw = kind.partition(":")
+            sol080.ROUTER_TPW = int(tpw or 1)
             times = []
             for rep in range(args.reps + 2):
                 flush.fill(1.0)
@@ -73,7 +83,8 @@ def main():
                     times.append(cp.cuda.get_elapsed_time(start, end) * 1e3)
             us = statistics.median(times)
             n = free or sms
-            print(f"{T:>6} {n:>5} {us:>8.1f} {moved / us / 1e3:>8.0f} {moved / us / 1e3 / n:>10.1f}")
+            same = "" if cp.array_equal(hi, ref) else "  OUTPUTS DIFFER from the plain kernel's"
+            print(f"{T:>6} {n:>5} {kind:>12} {us:>8.1f} {moved / us / 1e3:>8.0f} {moved / us / 1e3 / n:>10.1f}{same}")
 
 
 if __name__ == "__main__":

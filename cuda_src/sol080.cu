@@ -344,3 +344,131 @@ sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ top
   __syncthreads();
   if (threadIdx.x == 0) publish_topk_verdict(first_bad[0], first_bad[1], check_scratch, check_report);
 }
+
+// The same, several tokens a warp (tokens w, w + W, ... for warp w of W), each token's first
+// loads issued before the token before it is finished: its routing row, the first 128 experts'
+// scores and mask, and the first 8 of each lane's 16-byte chunks of its grad_output row (the loads
+// that start a token, in flight while the token before computes and writes grl). One publication
+// of the check per block for all its tokens. The arithmetic is sol080_router's, in its order: the
+// same bits. (The plain kernel runs a warp a token: its blocks' fixed costs, two dependent rounds
+// of loads and the check's publication, repeat for every 8 tokens.)
+struct RouterPrefetch {
+  int lane_e;
+  float lane_w;
+  float s[kRouterPrefetch], m[kRouterPrefetch];
+  uint4 g[8];  // chunks lane + 32 u of the row (vector rows of at least 256 chunks)
+
+  __device__ __forceinline__ void issue(const bf16_t* __restrict__ grad_out, const float* __restrict__ topk_w,
+                                        const i64* __restrict__ topk_idx, const float* __restrict__ mask,
+                                        const float* __restrict__ scores, int t, int H, int E, int K,
+                                        bool vector16, int lane) {
+    lane_e = -1;
+    lane_w = 0.f;
+    if (K <= 32 && lane < K) {
+      lane_e = expert_or_none(topk_idx[(i64)t * K + lane], E);
+      lane_w = topk_w[(i64)t * K + lane];
+    }
+    const i64 at0 = (i64)t * E;
+    #pragma unroll
+    for (int j = 0; j < kRouterPrefetch; ++j) {
+      const int e = lane + 32 * j;
+      s[j] = e < E ? scores[at0 + e] : 0.f;
+      m[j] = e < E ? mask[at0 + e] : 0.f;
+    }
+    if (vector16 && H / 8 >= 256) {
+      const uint4* row16 = (const uint4*)(grad_out + (i64)t * H);
+      #pragma unroll
+      for (int u = 0; u < 8; ++u) g[u] = row16[lane + 32 * u];
+    }
+  }
+};
+
+// row_sum_squares with the row's first 8 chunks a lane already loaded (first), in its order.
+__device__ __forceinline__ float row_sum_squares_after(const uint4 (&first)[8], const bf16_t* __restrict__ row,
+                                                       int H, bool vector16, int lane) {
+  if (!vector16 || H / 8 < 256) return row_sum_squares(row, H, vector16, lane);
+  const uint4* row16 = (const uint4*)row;
+  const int n16 = H / 8;
+  float sq = 0.f;
+  #pragma unroll
+  for (int u = 0; u < 8; ++u) sq += sum_squares_bf16x8(first[u]);
+  int c = lane + 256;
+  for (; c + 224 < n16; c += 256) {
+    uint4 v[8];
+    #pragma unroll
+    for (int u = 0; u < 8; ++u) v[u] = row16[c + 32 * u];
+    #pragma unroll
+    for (int u = 0; u < 8; ++u) sq += sum_squares_bf16x8(v[u]);
+  }
+  for (; c < n16; c += 32) sq += sum_squares_bf16x8(row16[c]);
+  #pragma unroll
+  for (int m = 16; m > 0; m /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, m);
+  return sq;
+}
+
+extern "C" __global__ void __launch_bounds__(kRouterWarps * 32)
+sol080_router_pipelined(const bf16_t* __restrict__ grad_out, const float* __restrict__ topk_w,
+                        const i64* __restrict__ topk_idx, const float* __restrict__ mask,
+                        const float* __restrict__ scores, int T, int H, int E, int K,
+                        bf16_t* __restrict__ hi_rows, int ld, int lo_offset, int* __restrict__ check_scratch,
+                        volatile int* check_report) {
+  wait_prior_grids();
+  TRACE_SCOPE();
+  __shared__ int first_bad[2];
+  if (threadIdx.x == 0) first_bad[0] = first_bad[1] = kNoRow;
+  __syncthreads();
+  const int lane = threadIdx.x % 32;
+  const int warps = gridDim.x * kRouterWarps;
+  const bool vector16 = H % 8 == 0 && ((unsigned long long)grad_out & 15) == 0;
+  int t = blockIdx.x * kRouterWarps + threadIdx.x / 32;
+  RouterPrefetch cur;
+  if (t < T) cur.issue(grad_out, topk_w, topk_idx, mask, scores, t, H, E, K, vector16, lane);
+  for (; t < T; t += warps) {  // the whole warp: t is the warp's
+    const float q = row_sum_squares_after(cur.g, grad_out + (i64)t * H, H, vector16, lane) / (float)K;
+    const RoutingRow r{topk_idx + (i64)t * K, topk_w + (i64)t * K, K, E, cur.lane_e, cur.lane_w};
+    float s_pre[kRouterPrefetch], m_pre[kRouterPrefetch];
+    #pragma unroll
+    for (int j = 0; j < kRouterPrefetch; ++j) s_pre[j] = cur.s[j], m_pre[j] = cur.m[j];
+    if (t + warps < T) cur.issue(grad_out, topk_w, topk_idx, mask, scores, t + warps, H, E, K, vector16, lane);
+
+    TopkRowFaults f;
+    for (int k = lane; k < K; k += 32) add_topk_slot_faults(f, r.idx, k, E);
+    const bool out_of_range = __any_sync(0xffffffffu, f.out_of_range);
+    const bool repeated = __any_sync(0xffffffffu, f.repeated);
+    if (lane == 0 && out_of_range) atomicMin(&first_bad[0], t);
+    if (lane == 0 && repeated) atomicMin(&first_bad[1], t);
+
+    const i64 at0 = (i64)t * E;
+    bf16_t* const hi = hi_rows + (i64)t * ld;
+    bf16_t* const lo = hi + lo_offset;
+    float S = 0.f;
+    for (int k = 0; k < K; ++k) S += r.weight(k);
+    S += 1e-20f;
+    float sum = 0.f;
+    for (int k = 0; k < K; ++k) sum += q * r.weight(k) / S;
+    const float c = (q - sum) / S;
+    float G[kRouterPrefetch] = {};  // each slot's expert read once for the lane's 4 experts
+    #pragma unroll 1
+    for (int k = 0; k < K; ++k) {
+      const int ek = r.expert(k);
+      #pragma unroll
+      for (int j = 0; j < kRouterPrefetch; ++j) if (ek == lane + 32 * j) G[j] += c;
+    }
+    #pragma unroll
+    for (int j = 0; j < kRouterPrefetch; ++j) {
+      const int e = lane + 32 * j;
+      if (e < E) write_grl(G[j] * m_pre[j] * s_pre[j] * (1.f - s_pre[j]), e, hi, lo);
+    }
+    for (int e0 = 32 * kRouterPrefetch; e0 < E; e0 += 32) {
+      const int e = e0 + lane;
+      float G = 0.f;
+      for (int k = 0; k < K; ++k) if (r.expert(k) == e) G += c;
+      if (e < E) {
+        const float s = scores[at0 + e];
+        write_grl(G * mask[at0 + e] * s * (1.f - s), e, hi, lo);
+      }
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) publish_topk_verdict(first_bad[0], first_bad[1], check_scratch, check_report);
+}
