@@ -203,7 +203,6 @@ class _Plan:
     wd_first: bool = False                # grad_Wd first with the router beside it (WD_FIRST)
     swiglu_sms: int = 0                   # SMs of the elementwise SwiGLU beside grad_Wd (SWIGLU_SMS)
     store_ring: int = 0                   # gemm.STORE_RING (A/B: a graph per setting)
-    router: tuple = ("plain", 1)          # (ROUTER, ROUTER_TPW) (A/B: a graph per setting)
     dgrad_wide: bool = False              # the unsplit dgrad in 128 x 256 tiles (DGRAD_WIDE)
 
     @classmethod
@@ -265,7 +264,7 @@ class _Plan:
                    wgu_pingpong=_knob(WGU_PINGPONG, T <= _WGU_PINGPONG_MAX_T),
                    wd_transposed=_knob(WD_TRANSPOSED, T >= _WD_TRANSPOSED_MIN_T),
                    small_t_order=small_t_order, wd_first=wd_first, swiglu_sms=swiglu_sms,
-                   store_ring=gemm_module.STORE_RING, router=(ROUTER, ROUTER_TPW), dgrad_wide=dgrad_wide)
+                   store_ring=gemm_module.STORE_RING, dgrad_wide=dgrad_wide)
 
 
 @dataclass(frozen=True)
@@ -543,12 +542,7 @@ def _swiglu_bulk(inputs: _Inputs, ws: _Workspace, blocks: int, cancel) -> bool:
     return True
 
 
-_ROUTER_WARPS = 8  # kRouterWarps in sol080.cu: warps per block
-# The router kernel: "plain" (sol080_router, a warp a token) or "pipelined"
-# (sol080_router_pipelined, ROUTER_TPW tokens a warp, each token's first loads issued under the
-# token before it); the same bits. A/B: CUPY_MOE_SOL080_ROUTER, CUPY_MOE_SOL080_ROUTER_TPW.
-ROUTER = os.environ.get("CUPY_MOE_SOL080_ROUTER", "plain")
-ROUTER_TPW = int(os.environ.get("CUPY_MOE_SOL080_ROUTER_TPW", "4"))
+_ROUTER_WARPS = 8  # kRouterWarps in sol080.cu: tokens per block
 
 
 def _grl_at(inputs: _Inputs, ws: _Workspace, plan: _Plan):
@@ -567,8 +561,7 @@ def _router_kernel(inputs: _Inputs, hi, ld: int, lo_offset: int, check_args) -> 
     a = inputs
     T, H = a.g.shape
     E, K = a.wr.shape[0], a.idx.shape[1]
-    name, tpw = ("sol080_router_pipelined", max(1, ROUTER_TPW)) if ROUTER == "pipelined" else ("sol080_router", 1)
-    _launch.launch(_build.load_module("sol080.cu"), name, (cdiv(T, _ROUTER_WARPS * tpw),),
+    _launch.launch(_build.load_module("sol080.cu"), "sol080_router", (cdiv(T, _ROUTER_WARPS),),
                    (32 * _ROUTER_WARPS,),
                    [ptr(a.g), ptr(a.tw), ptr(a.idx), ptr(a.mask), ptr(a.scores), i32(T), i32(H),
                     i32(E), i32(K), ptr(hi), i32(ld), i32(lo_offset)] + (check_args or [ptr(None), ptr(None)]))
