@@ -12,7 +12,7 @@ CONFIG_OVERRIDE: the same bits), wide=0|1 (sol080.WIDE_D_ACT), dyn=grouped|all|n
 (sol080.WD_PINGPONG), wgupp=auto|0|1 (sol080.WGU_PINGPONG), wdt=auto|0|1
 (sol080.WD_TRANSPOSED), sto=auto|cap|wgu-main|"" (sol080.SMALL_T_ORDER; sto= for none), wdf=auto|0|1 (sol080.WD_FIRST),
 dgs=auto|k|1 (sol080.DGRAD_SPLITS), dgw=auto|0|1 (sol080.DGRAD_WIDE), sws=auto|N (sol080.SWIGLU_SMS), swst=N (the SwiGLU kernel's stages),
-ring=N (gemm.STORE_RING: the same bits), rflag=auto|0 (sol080.ROUTER_FLAG: the same bits), cfg.FIELD=N (that Sm90Config field on every Hopper GEMM,
+ring=N (gemm.STORE_RING: the same bits), cfg.FIELD=N (that Sm90Config field on every Hopper GEMM,
 through gemm.CONFIG_OVERRIDE);
 "base" is the defaults, e.g.
 `python bench/ab_sol080_plans.py base even=wgu wgrad=side-early pdl=0`.
@@ -71,7 +71,6 @@ def main():
         sol080.SWIGLU_SMS = knobs.pop("sws", "auto")
         sol080._SWIGLU_STAGES = int(knobs.pop("swst", "3"))
         gemm.STORE_RING = int(knobs.pop("ring", "2"))
-        sol080.ROUTER_FLAG = knobs.pop("rflag", "auto")
         assert not knobs, f"unknown knobs {knobs}"
 
     def arith():  # the knobs that change the order of an fp32 sum or the SwiGLU kernel

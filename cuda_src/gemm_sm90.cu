@@ -6,7 +6,6 @@ gemm_sm90_kernel(const __grid_constant__ GemmSm90Params p) {
   wait_prior_grids();
   TRACE_SCOPE();
   extern __shared__ __align__(1024) u8 smem[];
-  wait_ready(p.base.ready);  // (a launch gated on another stream's kernel, not an event)
   if (cancelled(p.base.cancel)) return;  // the same word for every thread: the whole CTA leaves
   gemm::sm90::kernel_body<Cfg>(p, smem);
 }

@@ -276,14 +276,12 @@ __device__ __forceinline__ void write_grl(float grl, i64 at, bf16_t* __restrict_
   lo[at] = f32_to_bf16(grl - bf16_to_f32(h));
 }
 
-// (5 blocks an SM: the 48 registers ptxas gave it unbounded before its ready flag; left to itself
-// with the flag it chose 40 and spilled.)
-extern "C" __global__ void __launch_bounds__(kRouterWarps * 32, 5)
+extern "C" __global__ void __launch_bounds__(kRouterWarps * 32)
 sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ topk_w,
               const i64* __restrict__ topk_idx, const float* __restrict__ mask,
               const float* __restrict__ scores, int T, int H, int E, int K,
               bf16_t* __restrict__ hi_rows, int ld, int lo_offset, int* __restrict__ check_scratch,
-              volatile int* check_report, int* ready) {
+              volatile int* check_report) {
   wait_prior_grids();
   TRACE_SCOPE();
   __shared__ int first_bad[2];
@@ -344,5 +342,5 @@ sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ top
     }
   }
   __syncthreads();
-  if (threadIdx.x == 0) publish_topk_verdict(first_bad[0], first_bad[1], check_scratch, check_report, ready);
+  if (threadIdx.x == 0) publish_topk_verdict(first_bad[0], first_bad[1], check_scratch, check_report);
 }

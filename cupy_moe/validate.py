@@ -68,13 +68,11 @@ class IndexCheck:
     launches enqueued before finish() read so that they do nothing on bad indices (gemm's
     cancel); None where there is nothing to read (NumPy, no rows). kernel_args: for a check that
     the caller's own kernel runs (topk_check_in_kernel), the arguments that kernel takes.
-    ready: the device address of the flag SOL-080's router kernel sets when done (gemm's ready).
     settle(): for a call that fails before finish(), waits until the check can no longer write
     (a later check's verdict is then its own)."""
 
-    def __init__(self, finish=lambda: None, cancel=None, kernel_args=None, settle=lambda: None, ready=None):
+    def __init__(self, finish=lambda: None, cancel=None, kernel_args=None, settle=lambda: None):
         self.finish, self.cancel, self.kernel_args, self.settle = finish, cancel, kernel_args, settle
-        self.ready = ready
 
 
 def check_topk_indices(name: str, idx, n_experts: int) -> None:
@@ -115,7 +113,7 @@ def _topk_check(name, idx, n_experts, launch=True) -> IndexCheck:
                 raise ValueError(f"{name}: expected distinct experts within a row, row {bad_repeat} "
                                  f"repeats one: {idx[bad_repeat].get().tolist()}")
         return IndexCheck(finish, pending.cancel, None if launch else pending.kernel_args,
-                          pending.settle, pending.ready)
+                          pending.settle)
     _check_topk_numpy(name, idx, n_experts)
     return IndexCheck()
 

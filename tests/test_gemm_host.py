@@ -73,28 +73,6 @@ def test_a_changed_address_or_size_builds_anew(host):
     assert launches[3][0][0] == "mma" and len(portable) == ctypes.sizeof(G.GemmParams)
 
 
-def test_ready_gates_only_a_hopper_grid_that_leaves_an_sm(host):
-    """gemm(ready=...) puts the flag's address in the Hopper loop's parameters (its CTAs wait on
-    it); a grid of every SM, or the portable loop, is refused: waiting CTAs on every SM could
-    starve the kernel that sets the flag."""
-    launches, _ = host
-    a, b = _Array(0x1000_0000), _Array(0x2000_0000)
-
-    def call(m, engine="auto", ready=0x5000_0010):
-        G.gemm(m=m, n=4096, segments=[G.Segment(a, 2944, b, 4096, k=2944)], a_kmajor=True,
-               b_kmajor=False, out=_Array(0x9000_0000), ldc=4096, engine=engine, ready=ready)
-
-    call(192)  # 2 x 32 tiles
-    P = G.GemmSm90Params.from_buffer_copy(launches[-1][4])
-    assert P.base.ready == 0x5000_0010 and launches[-1][2] == (64,)
-    call(192, ready=None)
-    assert G.GemmSm90Params.from_buffer_copy(launches[-1][4]).base.ready is None
-    with pytest.raises(ValueError, match="fewer CTAs than SMs"):
-        call(1024)  # 8 x 32 tiles of 128 x 128: every SM
-    with pytest.raises(ValueError, match="fewer CTAs than SMs"):
-        call(192, engine="mma")
-
-
 class _Scratch(_Array):
     """What the stand-in cupy.empty hands out: an address, and a recorded row sum."""
 

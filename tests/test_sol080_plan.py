@@ -249,25 +249,3 @@ def test_swiglu_beside_grad_wd_where_auto_puts_it(plan_of, T, sms):
     p = plan_of(T)
     assert (p.swiglu_sms, p.act_fused) == (sms, p.act_splits == 1 and not sms)
     assert not (sms and p.wd_first)
-
-
-@pytest.mark.parametrize("T,flag", [(1, True), (192, True), (211, True), (293, True), (384, True),
-                                    (512, True),    # 4 x 32 = 128 dgrad tiles: 4 SMs left
-                                    (640, False),   # 5 x 32 = 160 tiles: every SM
-                                    (997, True),    # 8 x 16 wide tiles: 128 CTAs
-                                    (1321, False), (2053, False), (3072, False), (8192, False)])
-def test_dgrad_waits_for_the_router_by_its_flag_where_it_leaves_an_sm(plan_of, T, flag):
-    """The dgrad waits for the router kernel in its own code (gemm's ready) instead of behind
-    the router's event only where its grid leaves the router an SM: its CTAs wait, so they must
-    not hold every SM while router blocks still need one."""
-    p = plan_of(T)
-    assert p.router_flag == flag, p
-    if flag:
-        assert (p.router_beside or p.wd_first) and p.dgrad_splits == 1
-
-
-def test_router_flag_off(plan_of, monkeypatch):
-    from cupy_moe.gpu import sol080
-
-    monkeypatch.setattr(sol080, "ROUTER_FLAG", "0")
-    assert not any(plan_of(T).router_flag for T in (192, 512, 997))

@@ -6,8 +6,6 @@
 //   scratch[0], [1]: the first row with an index outside [0, E) / repeating an expert (kNoRow: none)
 //   scratch[2]:      blocks done; scratch[3]: the last verdict (nonzero: bad), which the launches
 //                    enqueued after the check read at entry (cancelled() in types.cuh)
-//   scratch[4], [5]: SOL-080's router done (publish_topk_verdict's ready) and the arrivals of the
-//                    launch that waits for it (wait_ready), which clears both
 //   report[0..2]:    host-mapped [first bad-range row, first repeat row, done flag]. The host
 //                    clears the flag before it launches the check and waits for every check it
 //                    launched, so a set flag is this check's. No sequence number travels to the
@@ -41,12 +39,8 @@ __device__ __forceinline__ TopkRowFaults topk_row_faults(const i64* __restrict__
 }
 
 // Called by one thread of every block, after the block's first bad rows are known (kNoRow: none).
-// ready (optional): set to 1 by the last block once the verdict and every block's writes are
-// visible at device scope, for a kernel on another stream that waits for this one in its own
-// code (wait_ready in types.cuh) instead of behind an event.
 __device__ __forceinline__ void publish_topk_verdict(int block_bad_range, int block_bad_repeat,
-                                                     int* __restrict__ scratch, volatile int* report,
-                                                     int* ready = nullptr) {
+                                                     int* __restrict__ scratch, volatile int* report) {
   if (block_bad_range != kNoRow) atomicMin(&scratch[0], block_bad_range);
   if (block_bad_repeat != kNoRow) atomicMin(&scratch[1], block_bad_repeat);
   __threadfence();  // this block's verdict is visible before it counts itself done
@@ -57,10 +51,6 @@ __device__ __forceinline__ void publish_topk_verdict(int block_bad_range, int bl
   report[0] = bad_range;
   report[1] = bad_repeat;
   scratch[2] = 0;
-  if (ready != nullptr) {
-    __threadfence();  // the verdict first
-    atomicExch(ready, 1);
-  }
   __threadfence_system();  // the verdict reaches the host before the flag does
   report[2] = 1;
 }

@@ -46,41 +46,6 @@ __device__ __forceinline__ void wait_prior_grids() {
 #endif
 }
 
-// *flag = value, ordered after every earlier write of this thread and of the writes it has
-// observed (a release at device scope).
-__device__ __forceinline__ void store_release_gpu(int* flag, int value) {
-  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" :: "l"(flag), "r"(value) : "memory");
-}
-
-__device__ __forceinline__ int load_acquire_gpu(const int* flag) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(flag) : "memory");
-  return v;
-}
-
-// A launch that waits in its own code for a kernel on another stream (SOL-080's dgrad for the
-// router kernel, whose verdict and rows it reads): ready[0] set by that kernel (its last block,
-// publish_topk_verdict), ready[1] counting this grid's CTAs past the wait; the last of them
-// clears both for the next call. Thread 0 of each CTA waits; then the whole CTA reads through
-// either proxy (TMA loads included) what that kernel wrote. Only for a grid that leaves the
-// other kernel an SM (the host's rule): its blocks are never starved by CTAs waiting for them.
-// No-op for ready == nullptr. Call it before anything that reads that kernel's results, the
-// verdict included.
-__device__ __forceinline__ void wait_ready(int* ready) {
-  if (ready == nullptr) return;
-  if (threadIdx.x == 0) {
-    while (load_acquire_gpu(ready) == 0) __nanosleep(32);
-    if (atomicAdd(ready + 1, 1) == (int)(gridDim.x * gridDim.y * gridDim.z) - 1) {
-      ready[1] = 0;
-      ready[0] = 0;
-    }
-  }
-  __syncthreads();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.proxy.async;\n" ::: "memory");  // the TMA loads after it see those writes
-#endif
-}
-
 // A call whose input check fails still has its launches enqueued (the host reads the check's
 // verdict after enqueueing them, so the GPU never waits on the host): each of them reads the
 // verdict the check kernel left earlier on the same stream, and does nothing when it is set.

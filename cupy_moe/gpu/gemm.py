@@ -104,15 +104,12 @@ class GemmParams(ctypes.Structure):
         # The Hopper loop's persistent order starts at this tile (ungrouped GEMMs; see
         # _heavy_tiles_rotation).
         ("tile_rotation", ctypes.c_int32),
-        # Non-null: every CTA waits until this int is set by a kernel on another stream, and the
-        # grid clears it (wait_ready in cuda_src/common/types.cuh; SOL-080's dgrad on its router).
-        ("ready", ctypes.c_void_p),
     ]
     _c_types_ = ["const void*", "const void*", "i64", "i64", "i64", "int", "int", "int", "void*", "i64",
                  "i64", "int", "int", "const int*", "int", "const int*", "const int*", "int",
                  "const void*", "const void*", "const void*", "const float*", "const int*", "void*", "void*",
                  "void*", "float*", "int", "int", "i64", "const int*", "int*",
-                 "void*", "i64", "int", "int", "int*"]
+                 "void*", "i64", "int", "int"]
 
 
 @dataclass(frozen=True)
@@ -351,7 +348,7 @@ def prepare(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_km
             even_rounds: bool = False, wide: bool = False, sum_groups_and_halves: bool = False,
             f32_head: tuple | None = None, dynamic: bool | None = None,
             pingpong: bool | None = None, out_transposed: bool = False,
-            max_ctas: int = 0, ready: int | None = None) -> "_Launch | None":
+            max_ctas: int = 0) -> "_Launch | None":
     """The prepared launch of one GEMM (gemm() runs it), None where there is nothing to compute.
 
     grouping='m': rows are experts' segments group_offsets[g]:group_offsets[g+1] of m total rows,
@@ -395,11 +392,6 @@ def prepare(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_km
     tiles without padding.
     max_ctas > 0: the Hopper loop's persistent grid takes at most this many CTAs (SMs left to a
     kernel beside it from the start).
-    ready: the device address of two ints (SOL-080's check scratch) whose first a kernel on
-    another stream sets when done; every CTA waits for it before reading anything, the verdict
-    included, and the grid clears both (an edge between streams that costs no event wait). The
-    Hopper loop only (else ValueError), and only on fewer CTAs than SMs (else ValueError: a grid
-    of waiting CTAs must leave that kernel an SM).
 
     A launch's parameter block depends only on addresses and sizes, so it is built once per
     distinct call and replayed from a cache afterwards (repeated calls on the same buffers, as a
@@ -418,7 +410,7 @@ def prepare(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_km
            tuple(sorted(CONFIG_OVERRIDE.items())),
            m, n, a_kmajor, b_kmajor, opt(out), ldc, epilogue, grouping, opt(group_offsets),
            num_groups, c_group_stride, opt(gather_a), opt(gather_b), gather_div, engine, k_splits,
-           cancel, ready, even_rounds, wide, sum_groups_and_halves,
+           cancel, even_rounds, wide, sum_groups_and_halves,
            None if f32_head is None else (_addr(f32_head[0]),) + tuple(f32_head[1:]), dynamic, pingpong,
            out_transposed, max_ctas,
            tuple((_addr(s.a), s.lda, _addr(s.b), s.ldb, s.k, s.b_group_stride, s.m) for s in segments),
@@ -450,11 +442,6 @@ def prepare(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_km
                           group_offsets, num_groups, c_group_stride, gather_a, gather_b,
                           gather_div, engine, sw, cancel, k_splits, even_rounds, wide,
                           sum_groups_and_halves, f32_head, dynamic, pingpong, out_transposed, max_ctas)
-        if ready is not None:
-            if launch.kind != "sm90" or launch.cluster != 1 or launch.grid[0] >= device_sms():
-                raise ValueError("gemm(ready=...): the Hopper loop on fewer CTAs than SMs only, "
-                                 f"got a {launch.kind} launch of {launch.grid} CTAs")
-            launch = _with_ready(launch, ready)
         if len(_prepared) >= 1024:
             _prepared.clear()
         _prepared[key] = launch
@@ -462,13 +449,6 @@ def prepare(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_km
 
 
 _prepared = {}  # the gemm() call's addresses and sizes -> _Launch
-
-
-def _with_ready(launch: "_Launch", ready: int) -> "_Launch":
-    """The launch with GemmParams.ready set (its parameter block rewritten)."""
-    params = launch.param_type.from_buffer_copy(launch.params)
-    params.base.ready = ready
-    return dataclasses.replace(launch, params=bytes(params))
 
 
 @dataclass

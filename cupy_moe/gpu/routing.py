@@ -49,12 +49,11 @@ _check_state = {}  # (device, stream) -> _CheckBuffers
 
 class _CheckBuffers:
     """The top-k check's device scratch ([0..2] reset by the kernel itself after every check, [3]
-    the last verdict, [4..5] the ready flag SOL-080's router sets for a launch that waits for it
-    in its own code, which clears it) and its host-mapped report [first out-of-range row, first
-    repeating row, done flag] (cuda_src/common/topk_check.cuh)."""
+    the last verdict) and its host-mapped report [first out-of-range row, first repeating row,
+    done flag] (cuda_src/common/topk_check.cuh)."""
 
     def __init__(self):
-        self.scratch = cp.array([_NO_ROW, _NO_ROW, 0, 0, 0, 0], cp.int32)
+        self.scratch = cp.array([_NO_ROW, _NO_ROW, 0, 0], cp.int32)
         self.pinned = cp.cuda.alloc_pinned_memory(3 * 4)
         self.report = np.frombuffer(self.pinned, np.int32, 3)
         self.report[:] = (_NO_ROW, _NO_ROW, 0)
@@ -66,17 +65,15 @@ class PendingCheck:
     """A top-k check of the current stream, about to be launched. kernel_args: the (scratch,
     report) pointers of the kernel that runs it (check_topk_indices, or SOL-080's router kernel);
     cancel: the device address of its verdict (nonzero: bad), for the launches enqueued after it
-    to read (gemm's cancel); ready: of the flag SOL-080's router kernel sets when done (gemm's
-    ready); result() waits for the host's copy of the verdict and returns (first
+    to read (gemm's cancel); result() waits for the host's copy of the verdict and returns (first
     row with an out-of-range index, first row repeating an expert), None where none. Whoever
     launches the check waits for it (result(), or settle() when the call fails on its way), so
     the next check's done flag cannot be set by this one."""
 
     def __init__(self, stream, buffers: _CheckBuffers):
-        self._stream, self._report, self._scratch = stream, buffers.report, buffers.scratch
+        self._stream, self._report = stream, buffers.report
         self.kernel_args = [ptr(buffers.scratch), ptr(buffers.device_report)]
         self.cancel = buffers.scratch.data.ptr + 3 * 4
-        self.ready = buffers.scratch.data.ptr + 4 * 4  # (publish_topk_verdict's ready, wait_ready)
 
     def result(self):
         report = self._report
@@ -90,11 +87,6 @@ class PendingCheck:
         """Wait until nothing this check's call enqueued can still write (a call that raised
         before result()); errors of the stream are left to the exception under way."""
         try:
-            self._stream.synchronize()
-            # A router that set the ready flag for a launch the failed call never made: cleared,
-            # so that the next call's waiting launch waits for its own router.
-            with self._stream:
-                self._scratch[4:].fill(0)
             self._stream.synchronize()
         except Exception:
             pass

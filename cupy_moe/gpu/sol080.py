@@ -146,14 +146,6 @@ _WD_FIRST_MIN_T = 5120
 SWIGLU_SMS = os.environ.get("CUPY_MOE_SOL080_SWIGLU_SMS", "auto")
 _SWIGLU_BESIDE_SMS = 20
 _SWIGLU_BESIDE_MIN_T = 3584
-# Where the router kernel runs beside d_act (the side stream), the dgrad on the main stream waits
-# for it in its own code (gemm's ready: the router's last block sets a flag the dgrad's CTAs wait
-# on) instead of behind the router's event: a launch behind a cross-stream event wait does not
-# start early as a programmatic dependent does (~3.2 us after its predecessor against ~1;
-# bench/NOTES.md v0.27), and the router has long ended when the dgrad starts. Only where the
-# dgrad runs unsplit on fewer CTAs than SMs (gemm's rule: its waiting CTAs must leave the router
-# an SM) and the router wgrad does not run on the main stream before it. "auto" | "0" (A/B).
-ROUTER_FLAG = os.environ.get("CUPY_MOE_SOL080_ROUTER_FLAG", "auto")
 _SIDE_EVENTS = ("fork", "d_act_done", "router_done", "join")  # the side stream's (streams.Side)
 
 
@@ -212,7 +204,6 @@ class _Plan:
     swiglu_sms: int = 0                   # SMs of the elementwise SwiGLU beside grad_Wd (SWIGLU_SMS)
     store_ring: int = 0                   # gemm.STORE_RING (A/B: a graph per setting)
     dgrad_wide: bool = False              # the unsplit dgrad in 128 x 256 tiles (DGRAD_WIDE)
-    router_flag: bool = False             # the dgrad waits for the router by its flag (ROUTER_FLAG)
 
     @classmethod
     def of(cls, g, x, wr, wg, wu, wd, gate):
@@ -264,10 +255,6 @@ class _Plan:
         wide_tiles = cdiv(T, Sm90Config.BM) * cdiv(H, 256)
         dgrad_wide = dgrad_on_sm90 and dgrad_splits == 1 and _knob(
             DGRAD_WIDE, _DGRAD_WIDE_FILL * sms <= wide_tiles < sms)
-        dgrad_tiles = cdiv(T, Sm90Config.BM) * cdiv(H, Sm90Config.choose(
-            cdiv(T, Sm90Config.BM), H, sms, wide=dgrad_wide).BN)
-        router_flag = (ROUTER_FLAG == "auto" and (router_beside or wd_first) and dgrad_on_sm90
-                       and dgrad_splits == 1 and dgrad_tiles < sms and WGRAD_AT != "early" and H > 0)
         return cls(act_splits=act_splits, act_fused=act_fused, dgrad_splits=dgrad_splits,
                    router_beside=router_beside, even_rounds=EVEN_ROUNDS, wgrad_at=WGRAD_AT,
                    wgrad_stacked=router.STACKED, split_cluster=gemm_module.SPLIT_CLUSTER and SPLIT_CLUSTER,
@@ -277,7 +264,7 @@ class _Plan:
                    wgu_pingpong=_knob(WGU_PINGPONG, T <= _WGU_PINGPONG_MAX_T),
                    wd_transposed=_knob(WD_TRANSPOSED, T >= _WD_TRANSPOSED_MIN_T),
                    small_t_order=small_t_order, wd_first=wd_first, swiglu_sms=swiglu_sms,
-                   store_ring=gemm_module.STORE_RING, dgrad_wide=dgrad_wide, router_flag=router_flag)
+                   store_ring=gemm_module.STORE_RING, dgrad_wide=dgrad_wide)
 
 
 @dataclass(frozen=True)
@@ -415,10 +402,7 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
             wd_grad["max_ctas"] = free
     if plan.swiglu_sms:
         wd_grad["max_ctas"] = device_sms() - plan.swiglu_sms
-    ready = check.ready if plan.router_flag and side is not None else None
-    if ready is not None:
-        dgrad["ready"] = ready
-    router_kernel = lambda: _router_kernel(inputs, *_grl_at(inputs, ws, plan), check.kernel_args, ready)
+    router_kernel = lambda: _router_kernel(inputs, *_grl_at(inputs, ws, plan), check.kernel_args)
     if not router_early:
         router_kernel()  # first: the index check every launch reads
     if side is not None:
@@ -446,7 +430,7 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
             router_wgrad()
     if side:
         side.d_act_done.record(main)
-    if router_early and ready is None:
+    if router_early:
         main.wait_event(side.router_done)
     if plan.wgrad_at == "early":
         router_wgrad()
@@ -570,19 +554,17 @@ def _grl_at(inputs: _Inputs, ws: _Workspace, plan: _Plan):
     return ws.grl, 2 * E, E
 
 
-def _router_kernel(inputs: _Inputs, hi, ld: int, lo_offset: int, check_args, ready=None) -> None:
+def _router_kernel(inputs: _Inputs, hi, ld: int, lo_offset: int, check_args) -> None:
     """bf16(grl) and its remainder (steps 7-10): hi(t) at hi + t * ld, lo(t) lo_offset past it;
     and the top-k index check (check_args: its scratch and report,
-    validate.topk_check_in_kernel; None when there are no rows). ready: the flag it sets when
-    done, for the launch that waits for it (gemm's ready), or None."""
+    validate.topk_check_in_kernel; None when there are no rows)."""
     a = inputs
     T, H = a.g.shape
     E, K = a.wr.shape[0], a.idx.shape[1]
     _launch.launch(_build.load_module("sol080.cu"), "sol080_router", (cdiv(T, _ROUTER_WARPS),),
                    (32 * _ROUTER_WARPS,),
                    [ptr(a.g), ptr(a.tw), ptr(a.idx), ptr(a.mask), ptr(a.scores), i32(T), i32(H),
-                    i32(E), i32(K), ptr(hi), i32(ld), i32(lo_offset)] + (check_args or [ptr(None), ptr(None)])
-                   + [ptr(ready)])
+                    i32(E), i32(K), ptr(hi), i32(ld), i32(lo_offset)] + (check_args or [ptr(None), ptr(None)]))
 
 
 def _grad_wd_gemm(inputs: _Inputs, grad_wd, plan: _Plan) -> dict:
