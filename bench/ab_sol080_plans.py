@@ -3,7 +3,8 @@ workload (two rounds; the variants' order rotated per round and workload), L2 fl
 --reps; each variant's outputs must equal the first variant's bit for bit (the knobs move
 launches between streams and SMs, never the arithmetic).
 
-A variant is a comma list of knob=value: even=wd+wgu+dgrad (sol080.EVEN_ROUNDS), wgrad=auto|side|
+A variant is a comma list of knob=value: even=wd+wgu+dgrad (sol080.EVEN_ROUNDS), claims=wd+wgu+dgrad
+(sol080.CLAIMS: the same bits), wgrad=auto|side|
 side-early|early (sol080.WGRAD_AT), pdl=0|1 (_launch.PDL), stack=0|1 (router.STACKED),
 cluster=0|1 (gemm.SPLIT_CLUSTER: every in-GEMM cluster sum), scluster=0|1 (sol080.SPLIT_CLUSTER:
 d_act's and the dgrad's), rcluster=0|1 (router.SUM_IN_GEMM: the router wgrad's), packed=0|1 (gemm.Sm90Config.PACKED_CONTRACT through
@@ -50,6 +51,7 @@ def main():
     def use(variant):
         knobs = dict(kv.split("=") for kv in variant.split(",") if kv != "base")
         sol080.EVEN_ROUNDS = frozenset(filter(None, knobs.pop("even", "").split("+")))
+        sol080.CLAIMS = frozenset(filter(None, knobs.pop("claims", "").split("+")))
         sol080.WGRAD_AT = knobs.pop("wgrad", "auto")
         _launch.PDL = knobs.pop("pdl", "1") != "0"
         router.STACKED = knobs.pop("stack", "1") != "0"

@@ -75,6 +75,9 @@ FUSED_D_ACT = os.environ.get("CUPY_MOE_SOL080_FUSED_D_ACT", "1") != "0"
 # the dgrad, at every T).
 EVEN_ROUNDS = frozenset(filter(None, os.environ.get("CUPY_MOE_SOL080_EVEN_ROUNDS", "").split(",")))
 WGRAD_AT = os.environ.get("CUPY_MOE_SOL080_WGRAD", "auto")
+# A/B only: the GEMMs (of "wd", "wgu", "dgrad") that claim their tiles as their CTAs go
+# (gemm(dynamic=True)) instead of the static order, so CTAs that start late take fewer.
+CLAIMS = frozenset(filter(None, os.environ.get("CUPY_MOE_SOL080_CLAIMS", "").split(",")))
 # A/B only: where the fused 128-wide d_act leaves the router kernel no room beside it (it then goes
 # first: T = 3072, 6144), run d_act as a plain 128 x 256 GEMM (more efficient per FLOP, and its
 # even-rounds grid leaves SMs free) with the router beside it, then the elementwise SwiGLU backward.
@@ -190,6 +193,7 @@ class _Plan:
     dgrad_splits: int
     router_beside: bool = False
     even_rounds: frozenset = frozenset()  # EVEN_ROUNDS (A/B)
+    claims: frozenset = frozenset()       # CLAIMS (A/B)
     wgrad_at: str = "auto"                # WGRAD_AT (A/B)
     wgrad_stacked: bool = True            # router.STACKED (A/B)
     split_cluster: bool = False           # gemm.SPLIT_CLUSTER and SPLIT_CLUSTER: split pieces summed in the GEMM
@@ -256,7 +260,7 @@ class _Plan:
         dgrad_wide = dgrad_on_sm90 and dgrad_splits == 1 and _knob(
             DGRAD_WIDE, _DGRAD_WIDE_FILL * sms <= wide_tiles < sms)
         return cls(act_splits=act_splits, act_fused=act_fused, dgrad_splits=dgrad_splits,
-                   router_beside=router_beside, even_rounds=EVEN_ROUNDS, wgrad_at=WGRAD_AT,
+                   router_beside=router_beside, even_rounds=EVEN_ROUNDS, claims=CLAIMS, wgrad_at=WGRAD_AT,
                    wgrad_stacked=router.STACKED, split_cluster=gemm_module.SPLIT_CLUSTER and SPLIT_CLUSTER,
                    wgrad_cluster=router.summed_in_the_gemm(T, E),
                    act_wide=act_wide, wgrad_fused=wgrad_fused,
@@ -393,6 +397,8 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
     for name, kwargs in (("wd", wd_grad), ("wgu", wgu_grad), ("dgrad", dgrad)):
         if name in plan.even_rounds and kwargs.get("k_splits", 1) == 1:
             kwargs["even_rounds"] = True
+        if name in plan.claims:
+            kwargs["dynamic"] = True
     main = cp.cuda.get_current_stream()
     side = Side.of(main, _SIDE_EVENTS) if CONCURRENT else None
     wgu_on_main = side is not None and plan.small_t_order == "wgu-main"
