@@ -3,7 +3,7 @@ workload (two rounds; the variants' order rotated per round and workload), L2 fl
 --reps; each variant's outputs must equal the first variant's bit for bit (the knobs move
 launches between streams and SMs, never the arithmetic).
 
-A variant is a comma list of knob=value: even=wd+wgu+dgrad (sol080.EVEN_ROUNDS), claims=wd+wgu+dgrad
+A variant is a comma list of knob=value: even=wd+wgu+dgrad (sol080.EVEN_ROUNDS), claims=auto|none|wd+wgu+dgrad
 (sol080.CLAIMS: the same bits), wgrad=auto|side|
 side-early|early (sol080.WGRAD_AT), pdl=0|1 (_launch.PDL), stack=0|1 (router.STACKED),
 cluster=0|1 (gemm.SPLIT_CLUSTER: every in-GEMM cluster sum), scluster=0|1 (sol080.SPLIT_CLUSTER:
@@ -51,7 +51,7 @@ def main():
     def use(variant):
         knobs = dict(kv.split("=") for kv in variant.split(",") if kv != "base")
         sol080.EVEN_ROUNDS = frozenset(filter(None, knobs.pop("even", "").split("+")))
-        sol080.CLAIMS = frozenset(filter(None, knobs.pop("claims", "").split("+")))
+        sol080.CLAIMS = knobs.pop("claims", "auto").replace("+", ",")
         sol080.WGRAD_AT = knobs.pop("wgrad", "auto")
         _launch.PDL = knobs.pop("pdl", "1") != "0"
         router.STACKED = knobs.pop("stack", "1") != "0"

@@ -249,3 +249,19 @@ def test_swiglu_beside_grad_wd_where_auto_puts_it(plan_of, T, sms):
     p = plan_of(T)
     assert (p.swiglu_sms, p.act_fused) == (sms, p.act_splits == 1 and not sms)
     assert not (sms and p.wd_first)
+
+
+@pytest.mark.parametrize("T,claims", [(192, False), (512, False), (997, True), (2053, True),
+                                      (3719, True), (8192, True)])
+def test_grad_wgu_claims_its_tiles_where_it_runs_beside(plan_of, T, claims, monkeypatch):
+    """grad_[Wg; Wu] claims its tiles where it runs on the side stream (its CTAs start as another
+    kernel's end), not at small T, where it follows the dgrad on the main stream; one stream, or
+    CLAIMS = "none", keeps every GEMM static."""
+    from cupy_moe.gpu import sol080
+
+    assert plan_of(T).claims == (frozenset({"wgu"}) if claims else frozenset())
+    monkeypatch.setattr(sol080, "CLAIMS", "none")
+    assert plan_of(T).claims == frozenset()
+    monkeypatch.setattr(sol080, "CLAIMS", "auto")
+    monkeypatch.setattr(sol080, "CONCURRENT", False)
+    assert plan_of(T).claims == frozenset()

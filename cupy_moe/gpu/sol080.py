@@ -75,9 +75,15 @@ FUSED_D_ACT = os.environ.get("CUPY_MOE_SOL080_FUSED_D_ACT", "1") != "0"
 # the dgrad, at every T).
 EVEN_ROUNDS = frozenset(filter(None, os.environ.get("CUPY_MOE_SOL080_EVEN_ROUNDS", "").split(",")))
 WGRAD_AT = os.environ.get("CUPY_MOE_SOL080_WGRAD", "auto")
-# A/B only: the GEMMs (of "wd", "wgu", "dgrad") that claim their tiles as their CTAs go
-# (gemm(dynamic=True)) instead of the static order, so CTAs that start late take fewer.
-CLAIMS = frozenset(filter(None, os.environ.get("CUPY_MOE_SOL080_CLAIMS", "").split(",")))
+# The GEMMs (of "wd", "wgu", "dgrad") that claim their tiles as their CTAs go (gemm(dynamic=True))
+# instead of taking every gridDim-th tile, so that CTAs which start late take fewer. "auto":
+# grad_[Wg; Wu] wherever it runs on the side stream, where its CTAs start as another kernel's
+# end one by one (grad_Wd's at mid T, whose CTAs end up to 45 us apart; d_act's ragged last round
+# at T = 8192) and its static order left the late ones a full share: 3719 -2.6 / -4.4, 4093
+# -3.4 / -3.4, 8192 -7.4, 6144 -1.6, 3089 -1.0 / -1.1 us in two runs, the rest of mid T within
+# +-0.8 (bench/NOTES.md v0.28). Not at small T, where it follows the dgrad on the main stream on
+# every SM at once (192 / 384 +1.0 / +1.9). Claims keep the bits. A comma list (A/B), or "none".
+CLAIMS = os.environ.get("CUPY_MOE_SOL080_CLAIMS", "auto")
 # A/B only: where the fused 128-wide d_act leaves the router kernel no room beside it (it then goes
 # first: T = 3072, 6144), run d_act as a plain 128 x 256 GEMM (more efficient per FLOP, and its
 # even-rounds grid leaves SMs free) with the router beside it, then the elementwise SwiGLU backward.
@@ -193,7 +199,7 @@ class _Plan:
     dgrad_splits: int
     router_beside: bool = False
     even_rounds: frozenset = frozenset()  # EVEN_ROUNDS (A/B)
-    claims: frozenset = frozenset()       # CLAIMS (A/B)
+    claims: frozenset = frozenset()       # the GEMMs that claim their tiles (CLAIMS)
     wgrad_at: str = "auto"                # WGRAD_AT (A/B)
     wgrad_stacked: bool = True            # router.STACKED (A/B)
     split_cluster: bool = False           # gemm.SPLIT_CLUSTER and SPLIT_CLUSTER: split pieces summed in the GEMM
@@ -247,6 +253,8 @@ class _Plan:
         small_t_order = (("wgu-main" if SMALL_T_ORDER == "auto" else SMALL_T_ORDER)
                          if CONCURRENT and act_splits > 1 else "")
         split_dgrad = DGRAD_SPLITS == "k" or DGRAD_SPLITS == "auto" and small_t_order != "wgu-main"
+        claims = (frozenset({"wgu"} if CONCURRENT and small_t_order != "wgu-main" else ())
+                  if CLAIMS == "auto" else frozenset(filter(None, CLAIMS.replace("none", "").split(","))))
         router_beside = router_beside and not wd_first
         acts = _Acts(I, E)
         # (grad_Wd first pays only with the router wgrad inside grad_[Wg; Wu]: its own GEMM would
@@ -260,7 +268,7 @@ class _Plan:
         dgrad_wide = dgrad_on_sm90 and dgrad_splits == 1 and _knob(
             DGRAD_WIDE, _DGRAD_WIDE_FILL * sms <= wide_tiles < sms)
         return cls(act_splits=act_splits, act_fused=act_fused, dgrad_splits=dgrad_splits,
-                   router_beside=router_beside, even_rounds=EVEN_ROUNDS, claims=CLAIMS, wgrad_at=WGRAD_AT,
+                   router_beside=router_beside, even_rounds=EVEN_ROUNDS, claims=claims, wgrad_at=WGRAD_AT,
                    wgrad_stacked=router.STACKED, split_cluster=gemm_module.SPLIT_CLUSTER and SPLIT_CLUSTER,
                    wgrad_cluster=router.summed_in_the_gemm(T, E),
                    act_wide=act_wide, wgrad_fused=wgrad_fused,
