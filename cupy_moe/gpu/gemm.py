@@ -55,7 +55,9 @@ F32_TMA = os.environ.get("CUPY_MOE_F32_TMA", "1") != "0"
 # K-grouped GEMMs, whose tiles differ in cost at the experts' ends: +1-6% on the grouped GEMM
 # table, layer backward -0.8%), "all", or "none". The same bits either way. Dense GEMMs keep the
 # static order: SOL-080, whose concurrent dense GEMMs share the SMs, measured 1.3 us slower on
-# its mean with claims (bench/NOTES.md v0.10). CUPY_MOE_DYNAMIC_TILES sets it (A/B).
+# its mean with claims for all of them (bench/NOTES.md v0.10); it asks for them per launch
+# (gemm(dynamic=True)) where a GEMM's CTAs start staggered (sol080.CLAIMS, v0.28).
+# CUPY_MOE_DYNAMIC_TILES sets it (A/B).
 _dynamic_tiles = os.environ.get("CUPY_MOE_DYNAMIC_TILES", "grouped")
 DYNAMIC_TILES = {"0": "none", "1": "all"}.get(_dynamic_tiles, _dynamic_tiles)
 if DYNAMIC_TILES not in ("grouped", "all", "none"):
