@@ -3,9 +3,9 @@ workload (two rounds; the variants' order rotated per round and workload), L2 fl
 --reps; each variant's outputs must equal the first variant's bit for bit (the knobs move
 launches between streams and SMs, never the arithmetic).
 
-A variant is a comma list of knob=value: even=wd+wgu+dgrad (sol080.EVEN_ROUNDS), claims=auto|none|wd+wgu+dgrad
-(sol080.CLAIMS: the same bits), wgrad=auto|side|
-side-early|early (sol080.WGRAD_AT), pdl=0|1 (_launch.PDL), stack=0|1 (router.STACKED),
+A variant is a comma list of knob=value: even=wd+wgu+dgrad (sol080.EVEN_ROUNDS),
+claims=auto|none|wd+wgu+dgrad (sol080.CLAIMS: the same bits), wgrad=auto|side|side-early|early
+(sol080.WGRAD_AT), pdl=0|1 (_launch.PDL), stack=0|1 (router.STACKED),
 cluster=0|1 (gemm.SPLIT_CLUSTER: every in-GEMM cluster sum), scluster=0|1 (sol080.SPLIT_CLUSTER:
 d_act's and the dgrad's), rcluster=0|1 (router.SUM_IN_GEMM: the router wgrad's), packed=0|1 (gemm.Sm90Config.PACKED_CONTRACT through
 CONFIG_OVERRIDE: the same bits), wide=0|1 (sol080.WIDE_D_ACT), dyn=grouped|all|none

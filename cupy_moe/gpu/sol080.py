@@ -253,8 +253,10 @@ class _Plan:
         small_t_order = (("wgu-main" if SMALL_T_ORDER == "auto" else SMALL_T_ORDER)
                          if CONCURRENT and act_splits > 1 else "")
         split_dgrad = DGRAD_SPLITS == "k" or DGRAD_SPLITS == "auto" and small_t_order != "wgu-main"
-        claims = (frozenset({"wgu"} if CONCURRENT and small_t_order != "wgu-main" else ())
-                  if CLAIMS == "auto" else frozenset(filter(None, CLAIMS.replace("none", "").split(","))))
+        if CLAIMS == "auto":
+            claims = frozenset({"wgu"} if CONCURRENT and small_t_order != "wgu-main" else ())
+        else:
+            claims = frozenset(name for name in CLAIMS.split(",") if name not in ("", "none"))
         router_beside = router_beside and not wd_first
         acts = _Acts(I, E)
         # (grad_Wd first pays only with the router wgrad inside grad_[Wg; Wu]: its own GEMM would
