@@ -1,7 +1,8 @@
 """SOL-080's router kernel (sol080_router: q, c and grl = hi + lo, with the top-k index check)
 alone, L2 flushed, median of --reps (us), on all the SMs or on N of them (--beside N: a hog grid,
 one block of all of an SM's shared memory on each of the others, spinning ~2 ms on a side
-stream, launched before the L2 flush, as d_act or grad_Wd leave the router N SMs in the call): what one SM moves there.
+stream, launched before the L2 flush, as d_act or grad_Wd leave the router N SMs in the call):
+what one SM moves there.
 Each timed launch runs a real check (its verdict read after the launch, as the library does).
 Usage (device): PYTHONPATH=. python bench/router_alone.py [--T 192,2053,8192] [--beside 0,14]"""
 import argparse
