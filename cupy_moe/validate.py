@@ -69,10 +69,15 @@ class IndexCheck:
     cancel); None where there is nothing to read (NumPy, no rows). kernel_args: for a check that
     the caller's own kernel runs (topk_check_in_kernel), the arguments that kernel takes.
     settle(): for a call that fails before finish(), waits until the check can no longer write
-    (a later check's verdict is then its own)."""
+    (a later check's verdict is then its own). keep: the buffers behind cancel and kernel_args,
+    which whatever replays those launches later (a captured CUDA graph) must hold, so that their
+    addresses are neither freed nor handed to another check while it can still run; report: the
+    address the verdict is reported to (with cancel, what such a replay bakes in)."""
 
-    def __init__(self, finish=lambda: None, cancel=None, kernel_args=None, settle=lambda: None):
+    def __init__(self, finish=lambda: None, cancel=None, kernel_args=None, settle=lambda: None, keep=None,
+                 report=None):
         self.finish, self.cancel, self.kernel_args, self.settle = finish, cancel, kernel_args, settle
+        self.keep, self.report = keep, report
 
 
 def check_topk_indices(name: str, idx, n_experts: int) -> None:
@@ -113,7 +118,7 @@ def _topk_check(name, idx, n_experts, launch=True) -> IndexCheck:
                 raise ValueError(f"{name}: expected distinct experts within a row, row {bad_repeat} "
                                  f"repeats one: {idx[bad_repeat].get().tolist()}")
         return IndexCheck(finish, pending.cancel, None if launch else pending.kernel_args,
-                          pending.settle)
+                          pending.settle, keep=pending.buffers, report=pending.report_address)
     _check_topk_numpy(name, idx, n_experts)
     return IndexCheck()
 

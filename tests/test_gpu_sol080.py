@@ -187,6 +187,39 @@ def test_repeated_calls_replay_a_graph_that_reads_current_inputs():
         assert relative_error(want[i].astype(np.float32), ref[i].astype(np.float32)) < 1e-2
 
 
+def test_a_kept_graph_outlives_the_check_buffers_dropped_after_many_streams():
+    """A graph captured on one stream bakes in that stream's top-k check buffers. Calls on 16 more
+    streams make gpu/routing.py drop every stream's buffers; the graph must keep its own alive,
+    so the first stream's next check gets new addresses (a new key: no replay writing into freed
+    buffers) and its calls still report and give the results of before, bitwise."""
+    import cupy as cp
+    from cupy_moe.gpu import graphs, routing
+
+    graphs.clear()
+    a = {k: cp.asarray(v) for k, v in make_sol080_inputs(300, 256, 136, 16, 4, seed=8).items()}
+    first = cp.cuda.Stream(non_blocking=True)
+    with first:
+        want = [o.get() for o in cupy_moe.sol080_backward(**a)]  # eager
+        cupy_moe.sol080_backward(**a)  # captured
+    assert graphs.stats["captured"] and len(graphs._graphs) == 1
+    (_, workspace), = graphs._graphs.values()
+    kept = workspace.check
+    assert kept is not None and kept is routing._check_state[(cp.cuda.Device().id, first.ptr)]
+    others = [cp.cuda.Stream(non_blocking=True) for _ in range(16)]
+    for s in others:  # eager on each (seen once): the 16th new stream drops every stream's buffers
+        with s:
+            cupy_moe.sol080_backward(**a)
+    assert (cp.cuda.Device().id, first.ptr) not in routing._check_state
+    with first:
+        for _ in range(3):  # eager (a new key), captured, replayed
+            for got, w in zip(cupy_moe.sol080_backward(**a), want):
+                np.testing.assert_array_equal(got.get(), w)
+        fresh = routing._check_state[(cp.cuda.Device().id, first.ptr)]
+    assert fresh is not kept and fresh.scratch.data.ptr != kept.scratch.data.ptr
+    assert graphs.stats["replayed"]
+    first.synchronize()
+
+
 def _router_terms_in_order(tw, idx, mask, scores, q, E):
     """hi and lo of steps 7-10 in fp32 with the kernel's order of operations (k in order)."""
     f32 = np.float32

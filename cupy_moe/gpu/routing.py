@@ -68,12 +68,14 @@ class PendingCheck:
     to read (gemm's cancel); result() waits for the host's copy of the verdict and returns (first
     row with an out-of-range index, first row repeating an expert), None where none. Whoever
     launches the check waits for it (result(), or settle() when the call fails on its way), so
-    the next check's done flag cannot be set by this one."""
+    the next check's done flag cannot be set by this one. buffers: what a replay of the kernel
+    (a captured graph) must keep alive; report_address: where that kernel reports to."""
 
     def __init__(self, stream, buffers: _CheckBuffers):
-        self._stream, self._report = stream, buffers.report
+        self._stream, self._report, self.buffers = stream, buffers.report, buffers
         self.kernel_args = [ptr(buffers.scratch), ptr(buffers.device_report)]
         self.cancel = buffers.scratch.data.ptr + 3 * 4
+        self.report_address = buffers.device_report
 
     def result(self):
         report = self._report
@@ -100,7 +102,9 @@ def next_topk_check() -> PendingCheck:
     buffers = _check_state.get(key)
     if buffers is None:
         if len(_check_state) >= 16:
-            cp.cuda.Device().synchronize()  # no check still writes into what is dropped
+            # No check still writes into what is dropped; a captured graph that may replay one
+            # holds its buffers itself (IndexCheck.keep), so their addresses are not reused.
+            cp.cuda.Device().synchronize()
             _check_state.clear()
         buffers = _check_state[key] = _CheckBuffers()
     buffers.report[2] = 0

@@ -345,9 +345,10 @@ class _Workspace:
     #                    hi = bf16(grl), hi + lo = grl
     grl: object        # unfused: [T, 2E] bf16, row t = [hi(t) | lo(t)] (router.py's form), else None
     partial: object    # fp32 pieces of the router weight gradient (router.py), or None
+    check: object = None  # the top-k check's buffers the launches write (IndexCheck.keep)
 
     @classmethod
-    def allocate(cls, T, H, I, E, plan: _Plan):
+    def allocate(cls, T, H, I, E, plan: _Plan, check=None):
         pieces = lambda n, *shape: cp.empty((n,) + shape, cp.float32) if n > 1 else None
         wgrad_pieces = None if plan.wgrad_fused else router.weight_gradient_pieces_shape(T, E, H)
         return cls(d_act=None if plan.act_fused or plan.act_splits > 1 else cp.empty((T, I), bfloat16),
@@ -355,7 +356,7 @@ class _Workspace:
                    dgrad_pieces=None if plan.split_cluster else pieces(plan.dgrad_splits, T, H),
                    acts=cp.empty((T, _Acts(I, E).ld), bfloat16),
                    grl=None if plan.wgrad_fused else cp.empty((T, 2 * E), bfloat16),
-                   partial=wgrad_pieces and cp.empty(wgrad_pieces, cp.float32))
+                   partial=wgrad_pieces and cp.empty(wgrad_pieces, cp.float32), check=check)
 
 
 def sol080_backward(g, x, wr, bias, logits, scores, idx, tw, mask, wg, wu, wd, gate, up, act):
@@ -373,10 +374,12 @@ def sol080_backward(g, x, wr, bias, logits, scores, idx, tw, mask, wg, wu, wd, g
     outputs = (grad_h, grad_router, grad_wgu, grad_wd)
     check = validate.topk_check_in_kernel("topk_indices", idx, E)
     plan = _Plan.of(g, x, wr, wg, wu, wd, gate)
-    key = ("sol080", T, H, I, E, idx.shape[1], check.cancel, plan) + tuple(
+    # A graph bakes in the check's scratch and report addresses; its workspace keeps their
+    # buffers alive (check.keep), so no later check gets those addresses while it can replay.
+    key = ("sol080", T, H, I, E, idx.shape[1], check.cancel, check.report, plan) + tuple(
         a.data.ptr for a in inputs + outputs)
     try:
-        graphs.run(key, lambda: _Workspace.allocate(T, H, I, E, plan),
+        graphs.run(key, lambda: _Workspace.allocate(T, H, I, E, plan, check.keep),
                    lambda ws: _enqueue(inputs, outputs, ws, plan, check))
     except BaseException:
         check.settle()
