@@ -54,3 +54,20 @@ swiglu_backward(const float* __restrict__ da_unweighted, const bf16_t* __restric
   }
   if (threadIdx.x == 0) dw[r] = partial[0];
 }
+
+// out[r] = sum over j = 0 .. cols - 1 of partial[r * cols + j], in that order (deterministic): a
+// row's <da', a> from the fused SwiGLU epilogue's one partial per output tile. A launch of ours
+// (programmatic, like the GEMMs around it), not a library reduction, which would cut the
+// programmatic chain between the fused GEMM and the dgrad after it (a ~12 us idle GPU at the
+// layer's T = 8192, bench/NOTES.md v0.29).
+extern "C" __global__ void row_partial_sums(const float* __restrict__ partial, int rows, int cols,
+                                            float* __restrict__ out) {
+  wait_prior_grids();
+  TRACE_SCOPE();
+  for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += gridDim.x * blockDim.x) {
+    const float* p = partial + (i64)r * cols;
+    float s = 0.f;
+    for (int j = 0; j < cols; ++j) s += p[j];
+    out[r] = s;
+  }
+}

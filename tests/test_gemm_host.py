@@ -74,12 +74,10 @@ def test_a_changed_address_or_size_builds_anew(host):
 
 
 class _Scratch(_Array):
-    """What the stand-in cupy.empty hands out: an address, and a recorded row sum."""
+    """What the stand-in cupy.empty hands out: an address; the row sums of such scratch
+    (elementwise.row_partial_sums) are recorded in sums."""
 
     sums = []
-
-    def sum(self, axis, out):
-        _Scratch.sums.append((self.data.ptr, axis, out))
 
 
 @pytest.fixture
@@ -96,6 +94,8 @@ def scratch(host, monkeypatch):
 
     calls = []
     monkeypatch.setattr(elementwise, "swiglu_backward", lambda *a, **k: calls.append((a, k)))
+    monkeypatch.setattr(elementwise, "row_partial_sums", lambda partial, out: _Scratch.sums.append(
+        (partial.data.ptr, out)))
     _Scratch.sums.clear()
     yield calls
     if imported_here:
@@ -118,13 +118,12 @@ def _swiglu_call(ldc=1408, engine="auto"):
 def test_fused_swiglu_gets_fresh_row_partials_each_call(host, scratch):
     launches, prepares = host
     sw = _swiglu_call()
-    _swiglu_call()
+    sw2 = _swiglu_call()
     assert len(prepares) == 1 and len(launches) == 2
     P = [G.GemmSm90Params.from_buffer_copy(l[4]) for l in launches]
     assert P[0].base.e_row_partial != P[1].base.e_row_partial  # each call its own partials
     assert P[0].base.e_partial_ld == 1408 // 128 and P[0].base.e_dg == sw.dg.data.ptr
-    assert [(ptr, axis) for ptr, axis, _ in _Scratch.sums] == [
-        (P[0].base.e_row_partial, 1), (P[1].base.e_row_partial, 1)]
+    assert _Scratch.sums == [(P[0].base.e_row_partial, sw.dw), (P[1].base.e_row_partial, sw2.dw)]
     assert not scratch  # the fused path never calls the elementwise kernel
 
 

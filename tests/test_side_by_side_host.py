@@ -42,19 +42,25 @@ def test_split_sms_balances_unequal_reductions(split_sms):
     assert cdiv(150, c) == 2
 
 
-@pytest.mark.parametrize("moved,flop,sms,free", [
-    (604e6, 94.5e9, 132, 41),    # the dy scatter beside the shared d_act at T = 8192 (GLM-4.5-Air)
-    (738e6, 283e9, 132, 21),     # the combine beside the shared weight gradients (a larger GEMM)
-    (604e6, 1e6, 132, 66),       # at most half the SMs
-    (1e6, 1e6, 132, 0),          # a kernel of ~0.2 us on its own: not worth a fork
-    (604e6, 0, 132, 0),          # no GEMM to stand beside
+@pytest.mark.parametrize("moved,flop,sms,rate,free", [
+    (604e6, 94.5e9, 132, 4e6, 42),    # the dy scatter beside the shared d_act at T = 8192 (GLM-4.5-Air)
+    (738e6, 756e9, 132, 4.4e6, 10),   # the combine beside the routed dWg there: 9 left it a tail alone
+    (738e6, 756e9, 132, 4e6, 9),      # the same at the slower rate
+    (738e6, 283e9, 132, 4e6, 21),     # the combine beside the shared weight gradients (a smaller GEMM)
+    (604e6, 1e6, 132, 4e6, 66),       # at most half the SMs
+    (1e6, 1e6, 132, 4e6, 0),          # a kernel of ~0.2 us on its own: not worth a fork
+    (604e6, 0, 132, 4e6, 0),          # no GEMM to stand beside
 ])
-def test_free_sms(split_sms, moved, flop, sms, free):
-    """side_by_side.free_sms: the SMs a memory-bound kernel gets beside a GEMM so that both take
-    about as long (BYTES_PER_SM_US, FLOP_PER_SM_US), none where its time alone is short."""
+def test_free_sms(split_sms, moved, flop, sms, rate, free):
+    """side_by_side.free_sms: the SMs a memory-bound kernel gets beside a GEMM so that the longer
+    of the two ends first (BYTES_PER_SM_US, the GEMM's rate), none where its time alone is short."""
     from cupy_moe.gpu import side_by_side
 
-    assert side_by_side.free_sms(moved, flop, sms) == free
+    assert side_by_side.free_sms(moved, flop, sms, rate) == free
+    kernel, work = moved / side_by_side.BYTES_PER_SM_US, flop / rate
+    if free and free < sms // 2:  # no count ends both sooner
+        best = max(kernel / free, work / (sms - free))
+        assert all(max(kernel / f, work / (sms - f)) >= best for f in range(1, sms // 2 + 1))
 
 
 def test_side_streams_are_kept_per_stream_and_event_names(monkeypatch):

@@ -39,6 +39,14 @@ def swiglu_forward(gate, up):
     return a
 
 
+def row_partial_sums(partial, out) -> None:
+    """out[r] = the sum of row r of partial ([rows, cols] fp32), left to right (a fixed order)."""
+    rows, cols = partial.shape
+    if rows:
+        _launch.launch(_build.load_module("swiglu.cu"), "row_partial_sums", (grid_stride_blocks(rows),),
+                       (256,), [ptr(partial), i32(rows), i32(cols), ptr(out)])
+
+
 def swiglu_backward(da_unweighted, gate, up, act=None, weights=None, row_index=None, out=None):
     """(dg, du, dw, aw) from the unweighted activation gradient; dw = <da', a> per row and
     aw = bf16(w a) only for routed experts (weights given; w of row r = weights[row_index[r]]),

@@ -490,7 +490,9 @@ class _Launch:
             address, size = self.zero_bytes
             cupy.cuda.runtime.memsetAsync(address, 0, size, cupy.cuda.get_current_stream().ptr)
         if partial is not None:
-            partial.sum(axis=1, out=sw.dw)  # fixed order per row: deterministic
+            from .elementwise import row_partial_sums
+
+            row_partial_sums(partial, sw.dw)
         if da is not None:
             from .elementwise import swiglu_backward
 

@@ -53,23 +53,28 @@ def side_by_side(first: dict, second: dict) -> None:
 
 
 # A memory-bound kernel beside a GEMM (beside()): what one SM moves and computes there at the
-# layer's sizes under the power cap (bench/overlap_probe.py, traced layer calls; NOTES v0.23):
-# ~56 GB/s an SM for the row scatter on 51 SMs, ~4 TFLOP/s an SM for the shared d_act on 81.
+# layer's sizes under the power cap (bench/overlap_probe.py, traced layer calls; NOTES v0.23,
+# v0.29): ~56 GB/s an SM for the row scatter on 41 SMs and the combine on 9; ~3.9 TFLOP/s an SM
+# for the shared d_act (its SwiGLU epilogue) on 91, ~4.4 for a routed K-grouped weight gradient
+# on 123 (K_GROUPED_FLOP_PER_SM_US: 756 GFLOP in 1400 us).
 BYTES_PER_SM_US = 56e3
 FLOP_PER_SM_US = 4e6
+K_GROUPED_FLOP_PER_SM_US = 4.4e6
 # The shortest kernel (us on all the SMs) worth a fork and a join (~4 us each way).
 MIN_BESIDE_US = 20.0
 
 
-def free_sms(kernel_bytes: float, gemm_flop: float, sms: int) -> int:
-    """SMs to leave a memory-bound kernel of kernel_bytes beside a GEMM of gemm_flop, such that
-    both take about as long (the kernel's blocks also take the GEMM's SMs once it ends; the
-    GEMM's persistent CTAs cannot take the kernel's), at most half of them; 0 when the kernel is
+def free_sms(kernel_bytes: float, gemm_flop: float, sms: int, flop_per_sm_us: float = FLOP_PER_SM_US) -> int:
+    """SMs to leave a memory-bound kernel of kernel_bytes beside a GEMM of gemm_flop (at
+    flop_per_sm_us an SM), at most half of them: the count whose longer side ends first (the
+    kernel's blocks also take the GEMM's SMs once it ends, but the GEMM's persistent CTAs cannot
+    take the kernel's, so the nearer-equal split by rounding can leave the kernel a tail alone:
+    the combine's 29 us at T = 8192 on 9 SMs, where 10 end with the GEMM); 0 when the kernel is
     too short to be worth it."""
-    kernel, work = kernel_bytes / BYTES_PER_SM_US, gemm_flop / FLOP_PER_SM_US  # SM-us each
+    kernel, work = kernel_bytes / BYTES_PER_SM_US, gemm_flop / flop_per_sm_us  # SM-us each
     if kernel / sms < MIN_BESIDE_US or work <= 0:
         return 0
-    return min(sms // 2, round(sms * kernel / (kernel + work)))
+    return min(range(1, sms // 2 + 1), key=lambda free: (max(kernel / free, work / (sms - free)), free))
 
 
 def beside(gemm_work, kernel, free: int) -> None:
