@@ -63,6 +63,15 @@ def test_free_sms(split_sms, moved, flop, sms, rate, free):
         assert all(max(kernel / f, work / (sms - f)) >= best for f in range(1, sms // 2 + 1))
 
 
+def test_gemm_rate_by_grouping(split_sms):
+    """The layer's GEMM beside a row move runs at its kind's measured rate: the routed dWg
+    (K-grouped) beside the combine, the shared d_act beside the dy scatter."""
+    from cupy_moe.gpu import side_by_side
+
+    assert side_by_side.gemm_rate(dict(grouping="k")) == side_by_side.K_GROUPED_FLOP_PER_SM_US
+    assert side_by_side.gemm_rate(dict(m=8192)) == side_by_side.FLOP_PER_SM_US
+
+
 def test_side_streams_are_kept_per_stream_and_event_names(monkeypatch):
     """streams.Side: one side stream and one event per name, made once per (device, caller's
     stream, names); SOL-080's four events and side_by_side's two are separate sides."""

@@ -16,8 +16,7 @@ from .._arrays import bfloat16
 from ..context import MoEContext, MoEGradients
 from . import elementwise, router, routing
 from .gemm import Segment, SwigluBackward, device_sms, gemm, sm90_applies, transposed_applies
-from . import side_by_side as rates
-from .side_by_side import beside, free_sms, side_by_side
+from .side_by_side import beside, free_sms, gemm_rate, side_by_side
 
 # Each expert's dWd [H, I] as (aw^T dy)^T, stored transposed (gemm(out_transposed)): I = 1408
 # rows in 11 tiles of 128 and H = 4096 columns in 16 of 256, instead of 128 x 256 tiles over
@@ -204,8 +203,7 @@ def _flop(call: dict) -> float:
 def _gemm_beside(call: dict, kernel, kernel_bytes: int) -> None:
     """gemm(**call) with kernel(), a memory-bound kernel moving kernel_bytes, on the SMs free_sms
     leaves it (BESIDE; else, or where it is too short, one after the other)."""
-    rate = rates.K_GROUPED_FLOP_PER_SM_US if call.get("grouping") == "k" else rates.FLOP_PER_SM_US
-    free = free_sms(kernel_bytes, _flop(call), device_sms(), rate) if BESIDE else 0
+    free = free_sms(kernel_bytes, _flop(call), device_sms(), gemm_rate(call)) if BESIDE else 0
     beside(lambda sms: gemm(**call, max_ctas=sms), kernel, free)
 
 

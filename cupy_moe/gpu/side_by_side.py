@@ -64,6 +64,12 @@ K_GROUPED_FLOP_PER_SM_US = 4.4e6
 MIN_BESIDE_US = 20.0
 
 
+def gemm_rate(call: dict) -> float:
+    """FLOP an SM computes per us for a gemm() call's GEMM beside such a kernel (the rates above):
+    a K-grouped weight gradient's, else the fused shared d_act's."""
+    return K_GROUPED_FLOP_PER_SM_US if call.get("grouping") == "k" else FLOP_PER_SM_US
+
+
 def free_sms(kernel_bytes: float, gemm_flop: float, sms: int, flop_per_sm_us: float = FLOP_PER_SM_US) -> int:
     """SMs to leave a memory-bound kernel of kernel_bytes beside a GEMM of gemm_flop (at
     flop_per_sm_us an SM), at most half of them: the count whose longer side ends first (the
