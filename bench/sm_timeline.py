@@ -2,7 +2,8 @@
 (cuda_src/common/trace.cuh, compiled in by CUPY_MOE_TRACE=1, which this script sets before
 anything is built). One traced call after warm-up (its CUDA graph replayed, as the benchmark's
 calls are; L2 flushed first), then per launch its blocks, SMs and span, and for the call: how
-many SMs were busy in each time slice, and the idle SM time in all.
+many SMs were busy in each time slice, the idle SM time in all, and the stretches with no SM
+busy at all.
 With --layer, the same for the full GLM-4.5-Air layer's backward (moe_backward, eager) at each T.
 Usage (device): PYTHONPATH=. python bench/sm_timeline.py [--bin 5] [--layer] [--detail] [--tiles]
 [--cfg FIELD=N ...] [T ...]   (default 1879 8192)"""
@@ -161,6 +162,9 @@ def report(launches, sms, bin_us, detail=False, tiles=None):
     total = sum(_union(iv) for iv in busy)
     print(f"busy {total:.0f} of {sms * span:.0f} SM-us: {100 * (1 - total / (sms * span)):.1f}% idle "
           f"({sms * span - total:.0f} SM-us = {(sms * span - total) / sms:.1f} us of the whole GPU)")
+    gaps = _idle_gaps(busy)
+    print("no SM busy (>= 1 us): " + (", ".join(f"{a:.1f}-{b:.1f} ({b - a:.1f} us)" for a, b in gaps) or "never")
+          + "  (a launch that is not programmatic, e.g. a library kernel, leaves such a gap: NOTES v0.29)")
     edges = np.arange(0.0, span + bin_us, bin_us)
     print(f"SMs busy per {bin_us:g} us slice (mean over the slice):")
     row = []
@@ -170,6 +174,17 @@ def report(launches, sms, bin_us, detail=False, tiles=None):
         row.append(f"{a:6.0f}:{on / bin_us:5.0f}")
     for i in range(0, len(row), 8):
         print("  " + " ".join(row[i:i + 8]))
+
+
+def _idle_gaps(busy, least=1.0):
+    """The stretches of at least `least` us in which no SM runs a block (busy: per SM, its blocks'
+    (start, end) in us)."""
+    gaps, end = [], 0.0
+    for a, b in sorted(x for sm in busy for x in sm):
+        if a - end >= least:
+            gaps.append((end, a))
+        end = max(end, b)
+    return gaps
 
 
 def _union(intervals) -> float:
