@@ -18,8 +18,12 @@ shard layer tests/test_gpu_layer.py tests/test_properties.py &
 shard rest tests/ --ignore=tests/test_gpu_gemm.py --ignore=tests/test_gpu_layer.py --ignore=tests/test_properties.py &
 SANITIZE_TIMEOUT=130 bash tests/sanitize.sh memcheck racecheck synccheck initcheck > "$out/sanitize-summary.txt" 2>&1 &
 wait
-for s in gemm layer rest; do echo "== shard $s"; grep -E "passed|failed|error|exit" "$out/suite-$s.txt" | grep -v "^\." | tail -3; done
-cat "$out/sanitize-summary.txt"
+# One summary file, named to sort first: a device call brings back at most 8 files of $OUT.
+{
+  for s in gemm layer rest; do echo "== shard $s"; grep -E "passed|failed|error|exit" "$out/suite-$s.txt" | grep -v "^\." | tail -3; done
+  cat "$out/sanitize-summary.txt"
+} > "$out/00-check-summary.txt"
+cat "$out/00-check-summary.txt"
 {
   echo "== SOL-080: this tree, ${AB_VARIANTS:=base fwgrad=0}"
   timeout 150 python3 bench/ab_sol080_plans.py --rounds 1 $AB_VARIANTS 2>&1
