@@ -118,7 +118,7 @@ def _topk_check(name, idx, n_experts, launch=True) -> IndexCheck:
                 raise ValueError(f"{name}: expected distinct experts within a row, row {bad_repeat} "
                                  f"repeats one: {idx[bad_repeat].get().tolist()}")
         return IndexCheck(finish, pending.cancel, None if launch else pending.kernel_args,
-                          pending.settle, keep=pending.buffers, report=pending.report_address)
+                          pending.settle, keep=pending.buffers, report=pending.buffers.device_report)
     _check_topk_numpy(name, idx, n_experts)
     return IndexCheck()
 

@@ -69,13 +69,12 @@ class PendingCheck:
     row with an out-of-range index, first row repeating an expert), None where none. Whoever
     launches the check waits for it (result(), or settle() when the call fails on its way), so
     the next check's done flag cannot be set by this one. buffers: what a replay of the kernel
-    (a captured graph) must keep alive; report_address: where that kernel reports to."""
+    (a captured graph) must keep alive."""
 
     def __init__(self, stream, buffers: _CheckBuffers):
         self._stream, self._report, self.buffers = stream, buffers.report, buffers
         self.kernel_args = [ptr(buffers.scratch), ptr(buffers.device_report)]
         self.cancel = buffers.scratch.data.ptr + 3 * 4
-        self.report_address = buffers.device_report
 
     def result(self):
         report = self._report
