@@ -12,7 +12,7 @@ CONFIG_OVERRIDE: the same bits), wide=0|1 (sol080.WIDE_D_ACT), dyn=grouped|all|n
 (gemm.DYNAMIC_TILES: the same bits), fwgrad=auto|0|1 (sol080.FUSED_WGRAD), wdpp=auto|0|1
 (sol080.WD_PINGPONG), wgupp=auto|0|1 (sol080.WGU_PINGPONG), wdt=auto|0|1
 (sol080.WD_TRANSPOSED), sto=auto|cap|wgu-main|"" (sol080.SMALL_T_ORDER; sto= for none), wdf=auto|0|1 (sol080.WD_FIRST),
-dgs=auto|k|1 (sol080.DGRAD_SPLITS), dgw=auto|0|1 (sol080.DGRAD_WIDE), sws=auto|N (sol080.SWIGLU_SMS), swst=N (the SwiGLU kernel's stages),
+dgs=auto|k|1 (sol080.DGRAD_SPLITS), dgw=auto|0|1 (sol080.DGRAD_WIDE), fw=0|1 (sol080.FUSED_WIDE: the same bits), sws=auto|N (sol080.SWIGLU_SMS), swst=N (the SwiGLU kernel's stages),
 ring=N (gemm.STORE_RING: the same bits), cfg.FIELD=N (that Sm90Config field on every Hopper GEMM,
 through gemm.CONFIG_OVERRIDE);
 "base" is the defaults, e.g.
@@ -70,6 +70,7 @@ def main():
         sol080.WD_FIRST = knobs.pop("wdf", "auto")
         sol080.DGRAD_SPLITS = knobs.pop("dgs", "auto")
         sol080.DGRAD_WIDE = knobs.pop("dgw", "auto")
+        sol080.FUSED_WIDE = knobs.pop("fw", "0")
         sol080.SWIGLU_SMS = knobs.pop("sws", "auto")
         sol080._SWIGLU_STAGES = int(knobs.pop("swst", "3"))
         gemm.STORE_RING = int(knobs.pop("ring", "2"))

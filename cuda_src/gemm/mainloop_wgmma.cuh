@@ -138,6 +138,22 @@ __device__ __forceinline__ void mask_a_atom(u8* stage, int atom, int count, int 
   named_barrier(bar, 128);
 }
 
+// The wgmma descriptors of k16 step kk of a stage's A (the 64-row block from row row_off) and B
+// tiles, as the main loop builds them (DESC_STEP, DESC_LO32 there).
+template <class Cfg>
+__device__ __forceinline__ u64 stage_desc_a(u32 a_tile, int row_off, int kk) {
+  constexpr int STEP = Cfg::A_KMAJOR ? 32 : 2048;
+  constexpr u32 LBO = Cfg::A_KMAJOR ? 16 : ATOM_BYTES;
+  const u32 at = a_tile + row_off / 64 * (Cfg::A_KMAJOR ? 64 * 128 : ATOM_BYTES);
+  return smem_desc_sw128_hi(1024) | (smem_desc_sw128_lo(at, LBO) + kk * (STEP / 16));
+}
+template <class Cfg>
+__device__ __forceinline__ u64 stage_desc_b(u32 b_tile, int kk) {
+  constexpr int STEP = Cfg::B_KMAJOR ? 32 : 2048;
+  constexpr u32 LBO = Cfg::B_KMAJOR ? 16 : ATOM_BYTES;
+  return smem_desc_sw128_hi(1024) | (smem_desc_sw128_lo(b_tile, LBO) + kk * (STEP / 16));
+}
+
 // A consumer warpgroup's tiles: all of them (cooperative, rows 64 wg ... 64 wg + 63 of each) or
 // every other one (ping-pong: wg owns the CTA's tiles i with i % 2 == wg, skipping the stages of
 // the others', and waits for its turn at the tensor cores: turn[wg] completes when the other
@@ -195,6 +211,7 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
     // of a group) issues no MMAs: the other one then has the tensor cores to itself. (K-grouped
     // tiles keep both: their masking is a barrier of the two.)
     const bool idle = Cfg::GROUPING != kKGrouped && !L::PINGPONG && tc.m0 + 64 * wg >= tc.m_hi;
+    const bool half_n = L::HALF_N && tc.n0 + BN / 2 >= P.base.n;
     TRACE_TILE_BEGIN();
     int prev = -1;
     // K-grouped: the k-tile's rank within its segment's run over the group's lines (a counter:
@@ -208,7 +225,33 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
         if (++stage == Cfg::STAGES) { stage = 0; phase ^= 1; }
       }
     }
-    const int nk_mma = Cfg::SLIM_CONSUMER && idle ? 0 : nk;
+    int nk_mma = Cfg::SLIM_CONSUMER && idle ? 0 : nk;
+    if constexpr (L::HALF_N) {
+      // A tile whose columns end within its first half: m64n(BN / 2) MMAs into the first BN / 4
+      // accumulators (the first BN / 2 columns' in either fragment), in a loop of its own (a
+      // branch between the two shapes inside one loop serializes every wgmma: ptxas C7520).
+      const int nk_half = half_n ? nk_mma : 0;
+      nk_mma -= nk_half;
+      float(&acc_half)[BN / 4] = *reinterpret_cast<float(*)[BN / 4]>(&acc[0][0]);
+      fence_operands(acc[0]);  // (the other half's zeros stay in their registers)
+      for (int kt = 0; kt < nk_half; ++kt) {
+        mbar_wait(&full[stage], phase);
+        if (kt == 0) TRACE_FIRST_WAIT(tid == 0 && wg == 0, t);
+        const u32 a_tile = smem_addr(smem + stage * L::STAGE_BYTES);
+        fence_operands(acc_half);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk)
+          wgmma_m64k16<BN / 2, Cfg::A_KMAJOR ? 0 : 1, Cfg::B_KMAJOR ? 0 : 1>(
+              acc_half, stage_desc_a<Cfg>(a_tile, row_off(0), kk), stage_desc_b<Cfg>(a_tile + L::A_BYTES, kk), 1);
+        wgmma_commit();
+        fence_operands(acc_half);
+        wgmma_wait<1>();
+        if (prev >= 0) release(prev);
+        prev = stage;
+        if (++stage == Cfg::STAGES) { stage = 0; phase ^= 1; }
+      }
+    }
     for (int kt = 0; kt < nk_mma; ++kt) {
       mbar_wait(&full[stage], phase);
       if (kt == 0) TRACE_FIRST_WAIT(tid == 0 && (L::PINGPONG || wg == 0), t);
@@ -298,7 +341,8 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
     }
     if constexpr (L::E_STAGED) {  // hand da' to the epilogue warps once they are done with the last
       mbar_wait(&epi_bar[1], (i & 1) ^ 1);
-      stage_accumulators<Cfg>(acc[0], smem + L::DACC, wg, tid);
+      if constexpr (L::DACC_BF16) stage_accumulators_bf16<Cfg>(acc[0], smem + L::DACC, wg, tid);
+      else stage_accumulators<Cfg>(acc[0], smem + L::DACC, wg, tid);
       mbar_arrive(&epi_bar[0]);
     } else if (L::TMA_STORE && (Cfg::GROUPING != kMGrouped || tc.m0 + row_off(0) + L::WG_ROWS <= tc.m_hi) &&
                (!Cfg::ROW_SPLIT || tc.m0 >= P.base.c2_rows)) {
@@ -358,6 +402,7 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
   const Scheduler<Cfg> sched(P.base, tile_start);
   if (tid < PRODUCER_THREADS) {
     if constexpr (L::E_STAGED) {
+      if constexpr (!L::E_WG) setmaxnreg_dec<L::E_PRODUCER_REGS>();  // (the whole warpgroup)
       if (tid >= 32) {
         swiglu_epilogue_warps<Cfg>(P, sched, feed, smem + L::DACC, epi_bar, tid / 32 - 1, tid % 32);
         return;
@@ -373,10 +418,11 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
     }
   } else if (tid < MAIN_THREADS) {
     if constexpr (!L::E_STAGED) setmaxnreg_inc<L::CONSUMER_REGS>();
+    else if constexpr (!L::E_WG) setmaxnreg_inc<L::E_CONSUMER_REGS>();
     const int c = tid - PRODUCER_THREADS;
     consumer<Cfg>(P, sched, feed, smem, full, empty, turn, epi_bar, c / 128, c % 128);
     if constexpr (Cfg::SPLIT_CLUSTER) split_cluster_epilogue<Cfg>(P, sched, smem, c / 32, tid % 32);
-  } else if constexpr (L::E_STAGED) {  // the epilogue warpgroup (no threads past MAIN_THREADS otherwise)
+  } else if constexpr (L::E_WG) {  // the epilogue warpgroup (no threads past MAIN_THREADS otherwise)
     swiglu_epilogue_warps<Cfg>(P, sched, feed, smem + L::DACC, epi_bar, 3 + (tid - MAIN_THREADS) / 32, tid % 32);
   }
 }

@@ -173,6 +173,35 @@ __device__ __forceinline__ void stage_accumulators(const float (&acc)[Cfg::BN / 
     }
 }
 
+// DACC_BF16: rows of BN = 256 bf16 (512 bytes), 16-byte chunk c of row r at chunk c ^ (r % 8):
+// a consumer warp's bf16x2 writes (8 rows x one chunk) and an epilogue warp's 8-byte row reads
+// are free of bank conflicts.
+__device__ __forceinline__ int dacc_bf16_offset(int r, int chunk) {
+  return r * 512 + ((chunk ^ (r % 8)) << 4);
+}
+
+// A consumer warpgroup's accumulators (its 64 rows), rounded to bf16, into the buffer.
+template <class Cfg>
+__device__ __forceinline__ void stage_accumulators_bf16(const float (&acc)[Cfg::BN / 2], u8* dacc, int wg, int tid) {
+  const int warp = tid / 32, lane = tid % 32;
+  // The thread's rows r and r + 8 share r % 8 = lane / 4, so chunk j lies at (j & ~7) | (j % 8 ^
+  // lane / 4): eight addresses a thread, the rest immediate offsets (computed per j, the
+  // compiler kept 64 addresses live and spilled).
+  u8* const row = dacc + (64 * wg + 16 * warp + lane / 4) * 512 + 4 * (lane % 4);
+  #pragma unroll
+  for (int jj = 0; jj < 8; ++jj) {
+    u8* const at = row + ((jj ^ (lane / 4)) << 4);
+    #pragma unroll
+    for (int jhi = 0; jhi < Cfg::BN / 64; ++jhi)
+      #pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int j = 8 * jhi + jj;
+        *(u32*)(at + jhi * 128 + h * 8 * 512) = pack_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+      }
+  }
+  static_assert(Cfg::BN * 2 == 512, "rows of 512 bytes (dacc_bf16_offset)");
+}
+
 // Each of four rows' sum over the warp (v[q]: the lane's term of row q), by the tree of four
 // separate xor-16, 8, 4, 2, 1 butterflies, so with their bits, in 6 shuffles instead of 20: the
 // first step swaps half the rows with the other half-warp, the second half of the rest, so lanes
@@ -223,8 +252,20 @@ struct EpilogueRows {
     w_lane = lane < R && r0 + lane < rows ? swiglu_row_weight(p, tc.m0 + r0 + lane, tc.m_hi) : 1.f;
   }
 
+  // The lane's 4 columns of row r's da' (tile column tcol .. tcol + 3), as floats.
+  __device__ __forceinline__ static float4 staged(const u8* dacc, int r, int tcol, int lane) {
+    if constexpr (Plan<Cfg>::DACC_BF16) {
+      const uint2 v = *(const uint2*)(dacc + dacc_bf16_offset(r, tcol / 8) + (tcol % 8) * 2);
+      return make_float4(bf16_to_f32(v.x & 0xffff), bf16_to_f32(v.x >> 16), bf16_to_f32(v.y & 0xffff),
+                         bf16_to_f32(v.y >> 16));
+    } else {
+      return *(const float4*)(dacc + dacc_offset_in_batch(r & ~3, r & 3, lane));
+    }
+  }
+
+  // part: the row partials' column (one per 128 columns of the result).
   __device__ __forceinline__ void finish(const GemmParams& p, const Tile& tc, const u8* dacc, int r0, int rows,
-                                         int col, int lane) const {
+                                         int col, int part, int lane) const {
     const bool routed = p.e_aw != nullptr, contract = p.e_contract != 0, col_ok = col < p.n;
     const i64 ld_grad = p.e_ld_grad ? p.e_ld_grad : p.ldc;
     // Row pointers of the batch's first row, stepped a row at a time (as in load).
@@ -238,7 +279,8 @@ struct EpilogueRows {
       dots[q] = 0.f;
       if (r0 + q >= rows) continue;  // the same for the whole warp
       const float w = __shfl_sync(0xffffffffu, w_lane, q);
-      const float4 d = *(const float4*)(dacc + dacc_offset_in_batch(r0, q, lane));
+      const float4 d = Plan<Cfg>::DACC_BF16 ? staged(dacc, r0 + q, col - tc.n0, lane)
+                                            : *(const float4*)(dacc + dacc_offset_in_batch(r0, q, lane));
       const float lo[2] = {d.x, d.y}, hi[2] = {d.z, d.w};
       uint2 dg, du;
       swiglu_grad_pair<Cfg::PACKED_CONTRACT>(lo, g2[q].x, u2[q].x, w, contract, dg.x, du.x);
@@ -259,7 +301,7 @@ struct EpilogueRows {
       const float dot = warp_sum_4_rows(dots, lane);
       const int q = lane / 8;  // lane 8 q holds row q's sum
       if (lane % 8 == 0 && r0 + q < rows)
-        p.e_row_partial[(i64)(tc.m0 + r0 + q) * p.e_partial_ld + tc.n0 / Cfg::BN] = dot;
+        p.e_row_partial[(i64)(tc.m0 + r0 + q) * p.e_partial_ld + part] = dot;
     }
   }
   static_assert(R == 4, "warp_sum_4_rows, and dacc_offset_in_batch's batches of 4 rows");
@@ -273,18 +315,28 @@ __device__ __forceinline__ void swiglu_epilogue_warps(const GemmSm90Params& P,
   using Rows = EpilogueRows<Cfg>;
   constexpr int STEP = L::E_WARPS * Rows::R;
   const GemmParams& p = P.base;
+  // A warp's rows of a tile 128 columns at a time (the tile's 128-column parts within n): its
+  // batches r0 = first, first + STEP, ... of part 0, then the same of part 1.
+  const int first = ew * Rows::R;
   for (int j = 0;; ++j) {
     const int t = feed.read(j, lane);
     if (t >= sched.total) break;
     const Tile tc = sched.tile(t);
-    const int rows = min(BM, tc.m_hi - tc.m0), col = tc.n0 + 4 * lane;
+    const int rows = min(BM, tc.m_hi - tc.m0);
+    const int parts = min(Cfg::BN, p.n - tc.n0 + 127) / 128;  // (n is even: a part has a column)
+    auto col = [&](int part) { return tc.n0 + 128 * part + 4 * lane; };
     Rows cur, next;
-    cur.load(p, tc, ew * Rows::R, rows, col, lane);  // before da' is staged: they do not depend on it
+    if (first < rows) cur.load(p, tc, first, rows, col(0), lane);  // before da' is staged: it does not depend on it
     mbar_wait(&epi_bar[0], j & 1);
-    for (int r0 = ew * Rows::R; r0 < rows; r0 += STEP) {  // (r0: multiples of R)
-      if (r0 + STEP < rows) next.load(p, tc, r0 + STEP, rows, col, lane);
-      cur.finish(p, tc, dacc, r0, rows, col, lane);
-      cur = next;
+    if (first < rows) {
+      for (int part = 0, r0 = first; part < parts;) {  // (r0: multiples of R)
+        int next_part = part, next_r0 = r0 + STEP;
+        if (next_r0 >= rows) next_part += 1, next_r0 = first;
+        if (next_part < parts) next.load(p, tc, next_r0, rows, col(next_part), lane);
+        cur.finish(p, tc, dacc, r0, rows, col(part), tc.n0 / 128 + part, lane);
+        cur = next;
+        part = next_part, r0 = next_r0;
+      }
     }
     mbar_arrive(&epi_bar[1]);  // this thread's reads of the buffer are done
   }
