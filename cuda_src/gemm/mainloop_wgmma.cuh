@@ -53,6 +53,7 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const Schedule
     const Tile tc = sched.tile(t);
     const int grp = Cfg::GROUPING == kMGrouped ? tc.group : 0;
     const bool half_a = L::HALF_A && tc.m_hi - tc.m0 <= 64;  // (as the consumers' idle test)
+    const bool half_b = L::HALF_B && tc.n0 + BN / 2 >= p.n;   // (as the consumers' half_n)
     int kt = 0;  // k-tile over all segments
     for (int s = 0; s < p.num_segments; ++s) {
       if (!sched.in_segment(tc, s)) continue;  // as k_tiles counts them
@@ -70,12 +71,17 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const Schedule
         u8* tb = ta + L::A_BYTES;
         const int kl = shift_last && k0 + BK > k_end ? k_end - BK : k0;  // the lines loaded
         if (tid == 0) {
-          if constexpr (L::TMA_BYTES > 0) mbar_arrive_expect_tx(&full[stage], L::TMA_BYTES - (half_a ? L::A_BYTES / 2 : 0));
+          if constexpr (L::TMA_BYTES > 0)
+            mbar_arrive_expect_tx(&full[stage], L::TMA_BYTES - (half_a ? L::A_BYTES / 2 : 0) - (half_b ? L::B_BYTES / 2 : 0));
           else mbar_arrive(&full[stage]);
           if (half_a) tma_tile<64, true>(ta, &P.tma_a_half[s], &full[stage], tc.m0, kl, 0);
           else if constexpr (!L::CPA_A) tma_tile<BM, Cfg::A_KMAJOR>(ta, &P.tma_a[s], &full[stage], tc.m0, kl, 0);
-          if constexpr (!L::CPA_B)
+          if constexpr (L::HALF_B) {
+            if (half_b) tma_tile<BN / 2, false>(tb, &P.tma_b[s], &full[stage], tc.n0, kl, grp);
+            else tma_tile<BN, false>(tb, &P.tma_b[s], &full[stage], tc.n0, kl, grp);
+          } else if constexpr (!L::CPA_B) {
             tma_tile<BN, Cfg::B_KMAJOR>(tb, &P.tma_b[s], &full[stage], tc.n0, kl, grp);
+          }
           if (kt == 0) TRACE_PRODUCER_END(true, t);
         }
         if constexpr (L::CPA_A)  // rows stop at the group's end (K-major) or at m
@@ -161,7 +167,7 @@ __device__ __forceinline__ u64 stage_desc_b(u32 b_tile, int kk) {
 template <class Cfg>
 __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Scheduler<Cfg>& sched,
                                          const Feed<Cfg>& feed, u8* smem, u64* full, u64* empty, u64* turn,
-                                         u64* epi_bar, int wg, int tid) {
+                                         u64* epi_bar, int* batch_counter, int wg, int tid) {
   using L = Plan<Cfg>;
   constexpr int BN = Cfg::BN, HV = L::HALVES;
   const int warp = tid / 32, lane = tid % 32;
@@ -186,6 +192,9 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
   HeldResults<Cfg> held;
   Tile held_tc;
   bool holding = false;
+  // E_STAGED: the last tile staged, its place in the CTA's order and its first batch number.
+  Tile staged_tc;
+  int staged_i = -1, staged_base = 0, next_base = 0;
   auto store_held = [&](int from, int to) {
     if constexpr (L::DEFER_STORE) store_tile_tma<Cfg>(P, held_tc, held, staging, row_off(0), wg, tid, from, to);
   };
@@ -344,6 +353,8 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
       if constexpr (L::DACC_BF16) stage_accumulators_bf16<Cfg>(acc[0], smem + L::DACC, wg, tid);
       else stage_accumulators<Cfg>(acc[0], smem + L::DACC, wg, tid);
       mbar_arrive(&epi_bar[0]);
+      staged_tc = tc, staged_i = i, staged_base = next_base;
+      next_base += StagedBatches<Cfg>(P.base, tc).count();
     } else if (L::TMA_STORE && (Cfg::GROUPING != kMGrouped || tc.m0 + row_off(0) + L::WG_ROWS <= tc.m_hi) &&
                (!Cfg::ROW_SPLIT || tc.m0 >= P.base.c2_rows)) {
       if constexpr (L::DEFER_STORE) {
@@ -367,6 +378,10 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
   }
   if (L::DEFER_STORE && holding) store_held(L::HELD_FROM, L::STORE_BATCHES);
   if (L::TMA_STORE && tid == 0) bulk_wait();
+  if constexpr (L::E_STAGED)
+    if (staged_i >= 0)
+      help_last_staged_tile<Cfg>(P.base, staged_tc, staged_i, staged_base, smem + L::DACC, epi_bar, batch_counter,
+                                 tid % 32);
 }
 
 template <class Cfg>
@@ -378,6 +393,7 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
   u64* empty = full + Cfg::STAGES;
   u64* turn = (u64*)(smem + L::TURNS);
   u64* epi_bar = (u64*)(smem + L::EPI_BARRIERS);  // [0] da' staged, [1] buffer free
+  int* batch_counter = (int*)(smem + L::BATCH_COUNTER);
   int* tile_start = (int*)(smem + L::SCHEDULE);
   const Feed<Cfg> feed(smem + L::FEED, P.base.tile_counter);  // (static: the counter is unused)
   const int tid = threadIdx.x;
@@ -391,6 +407,7 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
     if constexpr (L::E_STAGED) {
       mbar_init(&epi_bar[0], 128 * CONSUMER_WARPGROUPS);
       mbar_init(&epi_bar[1], 32 * L::E_WARPS);
+      *batch_counter = 0;
     }
     feed.init(L::FEED_READERS);
     fence_barrier_init();
@@ -404,7 +421,7 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
     if constexpr (L::E_STAGED) {
       if constexpr (!L::E_WG) setmaxnreg_dec<L::E_PRODUCER_REGS>();  // (the whole warpgroup)
       if (tid >= 32) {
-        swiglu_epilogue_warps<Cfg>(P, sched, feed, smem + L::DACC, epi_bar, tid / 32 - 1, tid % 32);
+        swiglu_epilogue_warps<Cfg>(P, sched, feed, smem + L::DACC, epi_bar, batch_counter, tid / 32 - 1, tid % 32);
         return;
       }
     } else {
@@ -420,10 +437,11 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
     if constexpr (!L::E_STAGED) setmaxnreg_inc<L::CONSUMER_REGS>();
     else if constexpr (!L::E_WG) setmaxnreg_inc<L::E_CONSUMER_REGS>();
     const int c = tid - PRODUCER_THREADS;
-    consumer<Cfg>(P, sched, feed, smem, full, empty, turn, epi_bar, c / 128, c % 128);
+    consumer<Cfg>(P, sched, feed, smem, full, empty, turn, epi_bar, batch_counter, c / 128, c % 128);
     if constexpr (Cfg::SPLIT_CLUSTER) split_cluster_epilogue<Cfg>(P, sched, smem, c / 32, tid % 32);
   } else if constexpr (L::E_WG) {  // the epilogue warpgroup (no threads past MAIN_THREADS otherwise)
-    swiglu_epilogue_warps<Cfg>(P, sched, feed, smem + L::DACC, epi_bar, 3 + (tid - MAIN_THREADS) / 32, tid % 32);
+    swiglu_epilogue_warps<Cfg>(P, sched, feed, smem + L::DACC, epi_bar, batch_counter, 3 + (tid - MAIN_THREADS) / 32,
+                               tid % 32);
   }
 }
 

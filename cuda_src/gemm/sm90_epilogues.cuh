@@ -307,39 +307,83 @@ struct EpilogueRows {
   static_assert(R == 4, "warp_sum_4_rows, and dacc_offset_in_batch's batches of 4 rows");
 };
 
+// A staged tile's batches: R rows of one 128-column part each (parts outer), numbered in one
+// sequence over the CTA's tiles (a tile's are base .. base + count() - 1).
+template <class Cfg>
+struct StagedBatches {
+  int rows, parts, per_part;
+  __device__ StagedBatches(const GemmParams& p, const Tile& tc) {
+    rows = min(BM, tc.m_hi - tc.m0);
+    parts = min(Cfg::BN, p.n - tc.n0 + 127) / 128;  // (n is even: a part has a column)
+    per_part = (rows + EpilogueRows<Cfg>::R - 1) / EpilogueRows<Cfg>::R;
+  }
+  __device__ int count() const { return parts * per_part; }
+};
+
+// The next batch number for the warp (one shared counter, lane 0's atomic).
+__device__ __forceinline__ int claim_batch(int* counter, int lane) {
+  int c = 0;
+  if (lane == 0) c = atomicAdd(counter, 1);
+  return __shfl_sync(0xffffffffu, c, 0);
+}
+
+// A warp's share of tile tc's batches (numbers base ..): it holds claim, and claims the next
+// batch before it finishes the current one (its operands load meanwhile), until it holds one
+// past the tile's; that one it returns, the first of a later tile's. The first batch's operands
+// load before da' is staged (they do not depend on it). Every number is claimed once, so each
+// batch is done once, by whichever warp holds it, the same way: the same bits.
+template <class Cfg>
+__device__ __forceinline__ int staged_tile_share(const GemmParams& p, const Tile& tc, const u8* dacc, int* counter,
+                                                 int base, int claim, u64* staged, u32 parity, int lane) {
+  using Rows = EpilogueRows<Cfg>;
+  const StagedBatches<Cfg> b(p, tc);
+  const int end = base + b.count();
+  auto col = [&](int k) { return tc.n0 + 128 * (k / b.per_part) + 4 * lane; };
+  auto first_row = [&](int k) { return k % b.per_part * Rows::R; };
+  Rows cur, next;
+  if (claim < end) cur.load(p, tc, first_row(claim - base), b.rows, col(claim - base), lane);
+  mbar_wait(staged, parity);
+  while (claim < end) {
+    const int k = claim - base, upcoming = claim_batch(counter, lane);
+    if (upcoming < end) next.load(p, tc, first_row(upcoming - base), b.rows, col(upcoming - base), lane);
+    cur.finish(p, tc, dacc, first_row(k), b.rows, col(k), tc.n0 / 128 + k / b.per_part, lane);
+    cur = next;
+    claim = upcoming;
+  }
+  return claim;
+}
+
+// The epilogue warps (ew = 0 .. E_WARPS - 1): every tile of the CTA, once the consumers have
+// staged its da', batch by batch as they claim them: dg, du (and aw = bf16(w a), one partial of
+// <da', a> per row and 128 columns) from gate, up (and act), 8-byte loads and stores, coalesced
+// along the row. Then the buffer is handed back. Rows past the tile's group and columns past n
+// are neither read nor written. (The consumers join them on the CTA's last tile:
+// help_last_staged_tile.) What these warps still cost the main loop is mostly their math's
+// issue slots (SOL-080 d_act at T = 8192: 183 us, 145 without the work, 163 without the math;
+// bench/NOTES.md v0.7).
 template <class Cfg>
 __device__ __forceinline__ void swiglu_epilogue_warps(const GemmSm90Params& P,
                                                       const Scheduler<Cfg>& sched, const Feed<Cfg>& feed,
-                                                      const u8* dacc, u64* epi_bar, int ew, int lane) {
-  using L = Plan<Cfg>;
-  using Rows = EpilogueRows<Cfg>;
-  constexpr int STEP = L::E_WARPS * Rows::R;
+                                                      const u8* dacc, u64* epi_bar, int* counter, int ew, int lane) {
   const GemmParams& p = P.base;
-  // A warp's rows of a tile 128 columns at a time (the tile's 128-column parts within n): its
-  // batches r0 = first, first + STEP, ... of part 0, then the same of part 1.
-  const int first = ew * Rows::R;
+  int base = 0, claim = claim_batch(counter, lane);
   for (int j = 0;; ++j) {
     const int t = feed.read(j, lane);
     if (t >= sched.total) break;
     const Tile tc = sched.tile(t);
-    const int rows = min(BM, tc.m_hi - tc.m0);
-    const int parts = min(Cfg::BN, p.n - tc.n0 + 127) / 128;  // (n is even: a part has a column)
-    auto col = [&](int part) { return tc.n0 + 128 * part + 4 * lane; };
-    Rows cur, next;
-    if (first < rows) cur.load(p, tc, first, rows, col(0), lane);  // before da' is staged: it does not depend on it
-    mbar_wait(&epi_bar[0], j & 1);
-    if (first < rows) {
-      for (int part = 0, r0 = first; part < parts;) {  // (r0: multiples of R)
-        int next_part = part, next_r0 = r0 + STEP;
-        if (next_r0 >= rows) next_part += 1, next_r0 = first;
-        if (next_part < parts) next.load(p, tc, next_r0, rows, col(next_part), lane);
-        cur.finish(p, tc, dacc, r0, rows, col(part), tc.n0 / 128 + part, lane);
-        cur = next;
-        part = next_part, r0 = next_r0;
-      }
-    }
+    claim = staged_tile_share<Cfg>(p, tc, dacc, counter, base, claim, &epi_bar[0], j & 1, lane);
+    base += StagedBatches<Cfg>(p, tc).count();
     mbar_arrive(&epi_bar[1]);  // this thread's reads of the buffer are done
   }
+}
+
+// A consumer warp, its loop done, on the CTA's last tile (its i-th, batches from base): no tile
+// follows whose MMAs the epilogue warps would hide, so the 8 consumer warps claim its batches
+// beside them (the 3 epilogue warps of a 128 x 256 tile alone took 23 us after the last MMAs).
+template <class Cfg>
+__device__ __forceinline__ void help_last_staged_tile(const GemmParams& p, const Tile& tc, int i, int base,
+                                                      const u8* dacc, u64* epi_bar, int* counter, int lane) {
+  staged_tile_share<Cfg>(p, tc, dacc, counter, base, claim_batch(counter, lane), &epi_bar[0], i & 1, lane);
 }
 
 // One row's 4 columns (col .. col + 3, a lane's share) of a cluster-summed split-K tile: stored

@@ -88,13 +88,18 @@ struct Plan {
   // each row of tiles) issues m64n128 MMAs into its first 64 accumulators: no tensor-core time
   // on the zero-filled half (staged tiles only so far).
   static constexpr bool HALF_N = E_STAGED && Cfg::BN == 256;
+  // Such a tile's MN-major B loads its first 128 columns only (the rest would be TMA's zeros,
+  // which cost the stage's bandwidth all the same: a half tile took 34 us where a 128 x 128
+  // tile takes 23).
+  static constexpr bool HALF_B = HALF_N && !Cfg::B_KMAJOR && !CPA_B;
   static constexpr int THREADS = MAIN_THREADS + (E_WG ? 128 : 0);
   static constexpr int DACC = STAGING + CONSUMER_WARPGROUPS * STAGING_BYTES;  // see dacc_offset
   static constexpr int DACC_BYTES = E_STAGED ? BM * Cfg::BN * (DACC_BF16 ? 2 : 4) : 0;
   static constexpr int BARRIERS = DACC + DACC_BYTES;                // full, empty
   static constexpr int TURNS = BARRIERS + 2 * Cfg::STAGES * 8;     // ping-pong: whose MMAs next
   static constexpr int EPI_BARRIERS = TURNS + 2 * 8;                // da' staged, buffer free
-  static constexpr int FEED = EPI_BARRIERS + (E_STAGED ? 2 * 8 : 0);      // TileFeed
+  static constexpr int BATCH_COUNTER = EPI_BARRIERS + 2 * 8;             // staged batches claimed
+  static constexpr int FEED = EPI_BARRIERS + (E_STAGED ? 2 * 8 + 16 : 0);  // TileFeed
   static constexpr int SCHEDULE = FEED + TileFeed<true>::BYTES;           // TileScheduler::tile_start
   static constexpr int FULL_ARRIVALS = 1 + (CPA ? PRODUCER_THREADS : 0);
   static constexpr int CPA_LAG = Cfg::STAGES - 2;  // cp.async stages in flight past the newest
@@ -158,7 +163,7 @@ struct Plan {
 
 template <class Cfg>
 using Scheduler = TileScheduler<BM, Cfg::BN, Cfg::GROUPING, Cfg::SPLIT_K, Cfg::SPLIT_CLUSTER, BK, Cfg::SEG_ROWS,
-                                Cfg::M_FASTEST>;
+                                Cfg::M_FASTEST, Plan<Cfg>::HALF_N && Cfg::GROUPING == kNone>;
 template <class Cfg>
 using Feed = TileFeed<Cfg::DYNAMIC>;
 

@@ -220,7 +220,8 @@ class Sm90Config:
             staging = 2 * self.STORE_RING * 64 * 64 * 2  # two consumer warpgroups' rings of 64 x 64 units
         else:
             staging = (2 if self.PINGPONG else 1) * self.BM * self.BN * (4 if self.EPILOGUE == EPILOGUES["f32"] else 2)
-        epilogue = self.BM * self.BN * (2 if self.DACC_BF16 else 4) + 16 if self.E_STAGED else 0
+        # (+ its two barriers and the batch counter)
+        epilogue = self.BM * self.BN * (2 if self.DACC_BF16 else 4) + 32 if self.E_STAGED else 0
         feed = 4 * (4 + 8 + 8) + 16  # TileFeed: 4 slots, their full and empty barriers, 1 int
         return 1024 + self.STAGES * (stage + 16) + staging + epilogue + 16 + feed + 4 * (num_groups + 1)
 
