@@ -4,7 +4,7 @@ against the first's (relative error).
 A variant is a comma list of knob=value: dwdt=0|1 (gpu.layer.DWD_TRANSPOSED), sbs=0|1 (the
 shared expert's weight gradients side by side: gpu.side_by_side.MIN_GAIN_STEPS), ring=N
 (gpu.gemm.STORE_RING), kgrate=X (gpu.side_by_side.K_GROUPED_FLOP_PER_SM_US: the combine's SMs
-beside dWg through free_sms), f32tma=0|1 (gpu.gemm.F32_TMA), fwide=routed+shared (gpu.layer.FUSED_WIDE), cfg.FIELD=N (gpu.gemm.CONFIG_OVERRIDE: that Sm90Config field on every
+beside dWg through free_sms), f32tma=0|1 (gpu.gemm.F32_TMA), cfg.FIELD=N (gpu.gemm.CONFIG_OVERRIDE: that Sm90Config field on every
 Hopper GEMM; the caller keeps it within shared memory); "base" is the
 defaults. Usage (device): PYTHONPATH=. python bench/ab_layer.py [--T 8192] [--reps 10] base dwdt=0"""
 import argparse
@@ -36,7 +36,6 @@ def main():
         gemm.STORE_RING = int(knobs.pop("ring", "2"))
         gemm.F32_TMA = knobs.pop("f32tma", "1") != "0"
         side_by_side.K_GROUPED_FLOP_PER_SM_US = float(knobs.pop("kgrate", "4.4e6"))
-        layer.FUSED_WIDE = frozenset(filter(None, knobs.pop("fwide", "").split("+")))
         gemm.CONFIG_OVERRIDE = {k[4:]: int(knobs.pop(k)) for k in list(knobs) if k.startswith("cfg.")}
         assert not knobs, f"unknown knobs {knobs}"
 

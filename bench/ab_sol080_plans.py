@@ -12,7 +12,7 @@ CONFIG_OVERRIDE: the same bits), wide=0|1 (sol080.WIDE_D_ACT), dyn=grouped|all|n
 (gemm.DYNAMIC_TILES: the same bits), fwgrad=auto|0|1 (sol080.FUSED_WGRAD), wdpp=auto|0|1
 (sol080.WD_PINGPONG), wgupp=auto|0|1 (sol080.WGU_PINGPONG), wdt=auto|0|1
 (sol080.WD_TRANSPOSED), sto=auto|cap|wgu-main|"" (sol080.SMALL_T_ORDER; sto= for none), wdf=auto|0|1 (sol080.WD_FIRST),
-dgs=auto|k|1 (sol080.DGRAD_SPLITS), dgw=auto|0|1 (sol080.DGRAD_WIDE), fw=0|1 (sol080.FUSED_WIDE: the same bits), sws=auto|N (sol080.SWIGLU_SMS), swst=N (the SwiGLU kernel's stages),
+dgs=auto|k|1 (sol080.DGRAD_SPLITS), dgw=auto|0|1 (sol080.DGRAD_WIDE), sws=auto|N (sol080.SWIGLU_SMS), swst=N (the SwiGLU kernel's stages),
 ring=N (gemm.STORE_RING: the same bits), cfg.FIELD=N (that Sm90Config field on every Hopper GEMM,
 through gemm.CONFIG_OVERRIDE);
 "base" is the defaults, e.g.
@@ -70,7 +70,6 @@ def main():
         sol080.WD_FIRST = knobs.pop("wdf", "auto")
         sol080.DGRAD_SPLITS = knobs.pop("dgs", "auto")
         sol080.DGRAD_WIDE = knobs.pop("dgw", "auto")
-        sol080.FUSED_WIDE = knobs.pop("fw", "0")
         sol080.SWIGLU_SMS = knobs.pop("sws", "auto")
         sol080._SWIGLU_STAGES = int(knobs.pop("swst", "3"))
         gemm.STORE_RING = int(knobs.pop("ring", "2"))
@@ -79,8 +78,7 @@ def main():
     def arith():  # the knobs that change the order of an fp32 sum or the SwiGLU kernel
         return (router.STACKED, sol080.WIDE_D_ACT, gemm.SPLIT_CLUSTER, sol080.SPLIT_CLUSTER,
                 router.SUM_IN_GEMM, sol080.FUSED_WGRAD, sol080.WD_PINGPONG, sol080.WGU_PINGPONG, sol080.WD_TRANSPOSED,
-                sol080.WD_FIRST, sol080.DGRAD_SPLITS, sol080.SWIGLU_SMS,
-                sol080.FUSED_WIDE)  # (its fewer tiles can move the router, and with it the router wgrad)  # (grad_Wd first: the router wgrad fused)
+                sol080.WD_FIRST, sol080.DGRAD_SPLITS, sol080.SWIGLU_SMS)  # (grad_Wd first: the router wgrad fused)
 
     table = {v: [] for v in args.variants}
     print(f"{'T':>6} " + " ".join(f"{v:>16}" for v in args.variants))

@@ -24,16 +24,13 @@ ENGINES = pytest.mark.parametrize("engine", ["sm90", "sm90-pingpong", "mma"])
 def _run(engine, **kw):
     """gemm() on one main loop: 'sm90' the Hopper loop with cooperative consumer warpgroups,
     'sm90-pingpong' with ping-pong ones, 'sm90-direct' cooperative with the SwiGLU epilogue run
-    by the consumers themselves (not staged for the epilogue warps), 'sm90-wide' cooperative
-    128 x 256 tiles (gemm(wide=True); a staged SwiGLU epilogue then stages bf16 da'), 'mma' the portable loop; the
+    by the consumers themselves (not staged for the epilogue warps), 'mma' the portable loop; the
     sm90 cases skip shapes that main loop does not take."""
     from cupy_moe.gpu import gemm
 
     saved = gemm.PINGPONG, gemm.STAGED_EPILOGUE
     gemm.PINGPONG = engine == "sm90-pingpong"
     gemm.STAGED_EPILOGUE = engine != "sm90-direct"
-    if engine == "sm90-wide":
-        kw["wide"] = True
     try:
         gemm.gemm(engine=engine.split("-")[0], **kw)
     except ValueError as exc:
@@ -336,14 +333,12 @@ def test_more_tiles_than_sms(grouping, engine):
                                      (200, 136, 3, 1031), (1408, 72, 1, 389), (64, 40, 4, 777),
                                      (1408, 136, 7, 20011)])
 @pytest.mark.parametrize("routed", [True, False])
-@pytest.mark.parametrize("engine", ["sm90", "sm90-direct", "sm90-pingpong", "sm90-wide", "mma"])
+@pytest.mark.parametrize("engine", ["sm90", "sm90-direct", "sm90-pingpong", "mma"])
 def test_swiglu_backward_epilogue(n, k, G, M, routed, engine):
     """da' = dy W (M-grouped, never stored) -> dg, du, aw and dw = <da', a>, as the elementwise
-    kernel computes them from an fp32 da' (the mma engine runs exactly that composition; the wide
-    staged tiles from bf16(da'), so their dw is <bf16(da'), a>). The larger cases have whole
-    128-row tiles inside an expert next to tiles that straddle an expert's end, more tiles than
-    SMs, and a tile past n's last multiple of 128 (of 256: a 128-wide last tile at n = 1408,
-    narrower ones at 136 and 200, one tile at n <= 128)."""
+    kernel computes them from an fp32 da' (the mma engine runs exactly that composition). The
+    larger cases have whole 128-row tiles inside an expert next to tiles that straddle an
+    expert's end, more tiles than SMs, and a tile past n's last multiple of 128."""
     import cupy as cp
     from cupy_moe.gpu.gemm import Segment, SwigluBackward
 
@@ -373,40 +368,7 @@ def test_swiglu_backward_epilogue(n, k, G, M, routed, engine):
     assert relative_error(outs[1].get().astype(np.float32), ref_du) < 1e-2
     if routed:
         assert relative_error(outs[2].get().astype(np.float32), w[:, None] * _f(a)) < 1e-2
-        staged_bf16 = engine == "sm90-wide" and n > 64  # (n <= 64: the consumers' epilogue, fp32 da')
-        da_used = _f(da.astype(bfloat16)) if staged_bf16 else da
-        assert relative_error(dw.get(), (da_used * _f(a)).sum(1)) < 1e-4
-
-
-@pytest.mark.parametrize("m,n,k", [(2053, 1408, 192), (1, 1408, 64), (300, 1408, 4096), (130, 136, 72),
-                                   (257, 1000, 136)])
-@pytest.mark.parametrize("dynamic", [False, True])
-def test_wide_staged_contract_gives_the_narrow_bits(m, n, k, dynamic):
-    """SOL-080's contract rounds d_act to bf16 before any use, so the 128 x 256 staged tiles
-    (bf16 staging, m64n128 MMAs where a tile's columns end in its first half) write exactly the
-    128 x 128 tiles' dg, du: with static and claimed tiles, one row, a long reduction, and widths
-    whose last tile is 128, 8, or 232 wide. Poisoned outputs: every element is written."""
-    import cupy as cp
-    from cupy_moe.gpu.gemm import Segment, SwigluBackward, gemm
-
-    rng = np.random.default_rng(m + n + k)
-    A, B = cp.asarray(_bf16(rng, m, k)), cp.asarray(_bf16(rng, k, n))
-    gate, up = cp.asarray(_bf16(rng, m, n)), cp.asarray(_bf16(rng, m, n))
-    results = []
-    for wide in (False, True):
-        out = cp.full((m, 2 * n), np.nan, bfloat16)
-        gemm(m=m, n=n, segments=[Segment(A, k, B, n, k=k)], a_kmajor=True, b_kmajor=False,
-             out=None, ldc=n, epilogue="swiglu_backward", engine="sm90", wide=wide, dynamic=dynamic,
-             swiglu=SwigluBackward(gate=gate, up=up, dg=out, du=out.data.ptr + 2 * n, ld_grad=2 * n,
-                                   contract_rounding=True))
-        results.append(out.get())
-    narrow, wide = results
-    assert not np.isnan(narrow.astype(np.float32)).any() and not np.isnan(wide.astype(np.float32)).any()
-    np.testing.assert_array_equal(narrow.view(np.uint16), wide.view(np.uint16))
-    d_act = _f((_f(A.get()) @ _f(B.get())).astype(bfloat16))
-    s = 1 / (1 + np.exp(-_f(gate.get())))
-    ref_du = d_act * _f((_f(gate.get()) * s).astype(bfloat16))
-    assert relative_error(wide[:, n:].astype(np.float32), ref_du) < 1e-2
+        assert relative_error(dw.get(), (da * _f(a)).sum(1)) < 1e-4
 
 
 @pytest.mark.parametrize("epilogue", ["bf16", "swiglu_backward"])

@@ -127,17 +127,6 @@ def test_dwd_stored_transposed_or_not(name, T, routing, transposed, monkeypatch)
 
 
 @pytest.mark.parametrize("name,T,routing", [("aligned", 333, "random"), ("aligned", 4096, "skewed"),
-                                            ("aligned", 64, "one_expert"), ("grouped", 7, "random")])
-def test_fused_swiglu_gemms_in_wide_tiles(name, T, routing, monkeypatch):
-    """CUPY_MOE_LAYER_FUSED_WIDE=routed,shared: the fused SwiGLU backward GEMMs in 128 x 256 tiles
-    with bf16(da') staged; against the reference (empty experts' zeros included)."""
-    from cupy_moe.gpu import layer
-
-    monkeypatch.setattr(layer, "FUSED_WIDE", frozenset({"routed", "shared"}))
-    _check(SMALL[name], T, routing, seed=T + 3)
-
-
-@pytest.mark.parametrize("name,T,routing", [("aligned", 333, "random"), ("aligned", 4096, "skewed"),
                                             ("odd", 64, "random"), ("no_shared_unnormalized", 97, "random")])
 def test_row_moves_beside_the_shared_expert(name, T, routing, monkeypatch):
     """The dy scatter beside the shared expert's d_act and the combine beside the routed dWg

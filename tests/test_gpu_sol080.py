@@ -301,9 +301,7 @@ def test_router_kernel_writes_the_contracts_router_terms_bitwise(T, H, E, K):
                                                 ("WD_FIRST", "1", 1879, 0.20),
                                                 ("SWIGLU_SMS", "14", 8192, 0.39),
                                                 ("SWIGLU_SMS", "16", 997, 0.36),
-                                                ("SWIGLU_SMS", "0", 4093, 0.23),
-                                                ("FUSED_WIDE", "1", 3072, 0.26),
-                                                ("FUSED_WIDE", "1", 1321, 0.24)])
+                                                ("SWIGLU_SMS", "0", 4093, 0.23)])
 def test_ab_d_act_paths_pass_like_the_fused_one(knob, value, T, atol, monkeypatch):
     """The A/B knobs' other d_act paths. CUPY_MOE_SOL080_FUSED_D_ACT=0: d_act as a plain GEMM,
     then the contract's SwiGLU backward as an elementwise kernel (16-byte accesses for
@@ -317,9 +315,7 @@ def test_ab_d_act_paths_pass_like_the_fused_one(knob, value, T, atol, monkeypatc
     summed by a kernel). CUPY_MOE_SOL080_DGRAD_SPLITS=k: the split dgrad in the default order.
     CUPY_MOE_SOL080_WD_FIRST: the router beside d_act at T = 8192; grad_Wd first with the router
     beside it at T = 1879. CUPY_MOE_SOL080_SWIGLU_SMS: d_act plain, the SwiGLU backward on a few
-    SMs beside grad_Wd (where "auto" leaves it fused), and fused where "auto" does not.
-    CUPY_MOE_SOL080_FUSED_WIDE=1: the fused d_act in 128 x 256 tiles (at T = 3072 its fewer
-    tiles leave the router room beside it: another order of launches)."""
+    SMs beside grad_Wd (where "auto" leaves it fused), and fused where "auto" does not."""
     from cupy_moe.gpu import sol080 as gpu_sol080
 
     monkeypatch.setattr(gpu_sol080, knob, value)
@@ -338,26 +334,6 @@ def test_packed_contract_gives_the_same_bits(T, monkeypatch):
     monkeypatch.setattr(gemm, "CONFIG_OVERRIDE", {"PACKED_CONTRACT": False})
     plain = cupy_moe.sol080_backward(**a)
     for name, o, o2 in zip(NAMES, packed, plain):
-        assert cp.array_equal(o.view(cp.uint8), o2.view(cp.uint8)), name
-
-
-@pytest.mark.parametrize("T", [997, 2053, 8192])
-def test_fused_wide_gives_the_same_bits(T, monkeypatch):
-    """CUPY_MOE_SOL080_FUSED_WIDE=1 (the fused d_act in 128 x 256 tiles, d_act staged as bf16,
-    which the contract rounds it to anyway) writes exactly what the 128 x 128 tiles write, at T
-    where both plans order the launches alike."""
-    import cupy as cp
-    from cupy_moe.gpu import sol080 as gpu_sol080
-
-    a = {k: cp.asarray(v) for k, v in make_sol080_inputs(T, seed=T + 9).items()}
-    narrow = [o.copy() for o in cupy_moe.sol080_backward(**a)]
-    monkeypatch.setattr(gpu_sol080, "FUSED_WIDE", "1")
-    plan = gpu_sol080._Plan.of(a["grad_output"], a["hidden_states"], a["router_weight"],
-                               a["shared_expert_gate_weight"], a["shared_expert_up_weight"],
-                               a["shared_expert_down_weight"], a["shared_gate_output"])
-    assert plan.act_fused_wide
-    wide = cupy_moe.sol080_backward(**a)
-    for name, o, o2 in zip(NAMES, narrow, wide):
         assert cp.array_equal(o.view(cp.uint8), o2.view(cp.uint8)), name
 
 

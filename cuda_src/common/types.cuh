@@ -8,12 +8,6 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 typedef long long i64;
 
-// A compile-time int as a value (to pick a template instance from a generic lambda's argument).
-template <int V>
-struct IntConst {
-  static constexpr int value = V;
-};
-
 __device__ __forceinline__ float bf16_to_f32(bf16_t h) {
   return __uint_as_float(((u32)h) << 16);
 }

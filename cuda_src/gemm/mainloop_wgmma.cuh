@@ -53,7 +53,6 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const Schedule
     const Tile tc = sched.tile(t);
     const int grp = Cfg::GROUPING == kMGrouped ? tc.group : 0;
     const bool half_a = L::HALF_A && tc.m_hi - tc.m0 <= 64;  // (as the consumers' idle test)
-    const bool half_b = L::HALF_B && tc.n0 + BN / 2 >= p.n;   // (as the consumers' half_n)
     int kt = 0;  // k-tile over all segments
     for (int s = 0; s < p.num_segments; ++s) {
       if (!sched.in_segment(tc, s)) continue;  // as k_tiles counts them
@@ -71,17 +70,12 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const Schedule
         u8* tb = ta + L::A_BYTES;
         const int kl = shift_last && k0 + BK > k_end ? k_end - BK : k0;  // the lines loaded
         if (tid == 0) {
-          if constexpr (L::TMA_BYTES > 0)
-            mbar_arrive_expect_tx(&full[stage], L::TMA_BYTES - (half_a ? L::A_BYTES / 2 : 0) - (half_b ? L::B_BYTES / 2 : 0));
+          if constexpr (L::TMA_BYTES > 0) mbar_arrive_expect_tx(&full[stage], L::TMA_BYTES - (half_a ? L::A_BYTES / 2 : 0));
           else mbar_arrive(&full[stage]);
           if (half_a) tma_tile<64, true>(ta, &P.tma_a_half[s], &full[stage], tc.m0, kl, 0);
           else if constexpr (!L::CPA_A) tma_tile<BM, Cfg::A_KMAJOR>(ta, &P.tma_a[s], &full[stage], tc.m0, kl, 0);
-          if constexpr (L::HALF_B) {
-            if (half_b) tma_tile<BN / 2, false>(tb, &P.tma_b[s], &full[stage], tc.n0, kl, grp);
-            else tma_tile<BN, false>(tb, &P.tma_b[s], &full[stage], tc.n0, kl, grp);
-          } else if constexpr (!L::CPA_B) {
+          if constexpr (!L::CPA_B)
             tma_tile<BN, Cfg::B_KMAJOR>(tb, &P.tma_b[s], &full[stage], tc.n0, kl, grp);
-          }
           if (kt == 0) TRACE_PRODUCER_END(true, t);
         }
         if constexpr (L::CPA_A)  // rows stop at the group's end (K-major) or at m
@@ -144,22 +138,6 @@ __device__ __forceinline__ void mask_a_atom(u8* stage, int atom, int count, int 
   named_barrier(bar, 128);
 }
 
-// The wgmma descriptors of k16 step kk of a stage's A (the 64-row block from row row_off) and B
-// tiles, as the main loop builds them (DESC_STEP, DESC_LO32 there).
-template <class Cfg>
-__device__ __forceinline__ u64 stage_desc_a(u32 a_tile, int row_off, int kk) {
-  constexpr int STEP = Cfg::A_KMAJOR ? 32 : 2048;
-  constexpr u32 LBO = Cfg::A_KMAJOR ? 16 : ATOM_BYTES;
-  const u32 at = a_tile + row_off / 64 * (Cfg::A_KMAJOR ? 64 * 128 : ATOM_BYTES);
-  return smem_desc_sw128_hi(1024) | (smem_desc_sw128_lo(at, LBO) + kk * (STEP / 16));
-}
-template <class Cfg>
-__device__ __forceinline__ u64 stage_desc_b(u32 b_tile, int kk) {
-  constexpr int STEP = Cfg::B_KMAJOR ? 32 : 2048;
-  constexpr u32 LBO = Cfg::B_KMAJOR ? 16 : ATOM_BYTES;
-  return smem_desc_sw128_hi(1024) | (smem_desc_sw128_lo(b_tile, LBO) + kk * (STEP / 16));
-}
-
 // A consumer warpgroup's tiles: all of them (cooperative, rows 64 wg ... 64 wg + 63 of each) or
 // every other one (ping-pong: wg owns the CTA's tiles i with i % 2 == wg, skipping the stages of
 // the others', and waits for its turn at the tensor cores: turn[wg] completes when the other
@@ -167,7 +145,7 @@ __device__ __forceinline__ u64 stage_desc_b(u32 b_tile, int kk) {
 template <class Cfg>
 __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Scheduler<Cfg>& sched,
                                          const Feed<Cfg>& feed, u8* smem, u64* full, u64* empty, u64* turn,
-                                         u64* epi_bar, int* batch_counter, int wg, int tid) {
+                                         u64* epi_bar, int wg, int tid) {
   using L = Plan<Cfg>;
   constexpr int BN = Cfg::BN, HV = L::HALVES;
   const int warp = tid / 32, lane = tid % 32;
@@ -192,9 +170,6 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
   HeldResults<Cfg> held;
   Tile held_tc;
   bool holding = false;
-  // E_STAGED: the last tile staged, its place in the CTA's order and its first batch number.
-  Tile staged_tc;
-  int staged_i = -1, staged_base = 0, next_base = 0;
   auto store_held = [&](int from, int to) {
     if constexpr (L::DEFER_STORE) store_tile_tma<Cfg>(P, held_tc, held, staging, row_off(0), wg, tid, from, to);
   };
@@ -220,7 +195,6 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
     // of a group) issues no MMAs: the other one then has the tensor cores to itself. (K-grouped
     // tiles keep both: their masking is a barrier of the two.)
     const bool idle = Cfg::GROUPING != kKGrouped && !L::PINGPONG && tc.m0 + 64 * wg >= tc.m_hi;
-    const bool half_n = L::HALF_N && tc.n0 + BN / 2 >= P.base.n;
     TRACE_TILE_BEGIN();
     int prev = -1;
     // K-grouped: the k-tile's rank within its segment's run over the group's lines (a counter:
@@ -234,33 +208,7 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
         if (++stage == Cfg::STAGES) { stage = 0; phase ^= 1; }
       }
     }
-    int nk_mma = Cfg::SLIM_CONSUMER && idle ? 0 : nk;
-    if constexpr (L::HALF_N) {
-      // A tile whose columns end within its first half: m64n(BN / 2) MMAs into the first BN / 4
-      // accumulators (the first BN / 2 columns' in either fragment), in a loop of its own (a
-      // branch between the two shapes inside one loop serializes every wgmma: ptxas C7520).
-      const int nk_half = half_n ? nk_mma : 0;
-      nk_mma -= nk_half;
-      float(&acc_half)[BN / 4] = *reinterpret_cast<float(*)[BN / 4]>(&acc[0][0]);
-      fence_operands(acc[0]);  // (the other half's zeros stay in their registers)
-      for (int kt = 0; kt < nk_half; ++kt) {
-        mbar_wait(&full[stage], phase);
-        if (kt == 0) TRACE_FIRST_WAIT(tid == 0 && wg == 0, t);
-        const u32 a_tile = smem_addr(smem + stage * L::STAGE_BYTES);
-        fence_operands(acc_half);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk)
-          wgmma_m64k16<BN / 2, Cfg::A_KMAJOR ? 0 : 1, Cfg::B_KMAJOR ? 0 : 1>(
-              acc_half, stage_desc_a<Cfg>(a_tile, row_off(0), kk), stage_desc_b<Cfg>(a_tile + L::A_BYTES, kk), 1);
-        wgmma_commit();
-        fence_operands(acc_half);
-        wgmma_wait<1>();
-        if (prev >= 0) release(prev);
-        prev = stage;
-        if (++stage == Cfg::STAGES) { stage = 0; phase ^= 1; }
-      }
-    }
+    const int nk_mma = Cfg::SLIM_CONSUMER && idle ? 0 : nk;
     for (int kt = 0; kt < nk_mma; ++kt) {
       mbar_wait(&full[stage], phase);
       if (kt == 0) TRACE_FIRST_WAIT(tid == 0 && (L::PINGPONG || wg == 0), t);
@@ -350,11 +298,8 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
     }
     if constexpr (L::E_STAGED) {  // hand da' to the epilogue warps once they are done with the last
       mbar_wait(&epi_bar[1], (i & 1) ^ 1);
-      if constexpr (L::DACC_BF16) stage_accumulators_bf16<Cfg>(acc[0], smem + L::DACC, wg, tid);
-      else stage_accumulators<Cfg>(acc[0], smem + L::DACC, wg, tid);
+      stage_accumulators<Cfg>(acc[0], smem + L::DACC, wg, tid);
       mbar_arrive(&epi_bar[0]);
-      staged_tc = tc, staged_i = i, staged_base = next_base;
-      next_base += StagedBatches<Cfg>(P.base, tc).count();
     } else if (L::TMA_STORE && (Cfg::GROUPING != kMGrouped || tc.m0 + row_off(0) + L::WG_ROWS <= tc.m_hi) &&
                (!Cfg::ROW_SPLIT || tc.m0 >= P.base.c2_rows)) {
       if constexpr (L::DEFER_STORE) {
@@ -378,10 +323,6 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
   }
   if (L::DEFER_STORE && holding) store_held(L::HELD_FROM, L::STORE_BATCHES);
   if (L::TMA_STORE && tid == 0) bulk_wait();
-  if constexpr (L::E_STAGED)
-    if (staged_i >= 0)
-      help_last_staged_tile<Cfg>(P.base, staged_tc, staged_i, staged_base, smem + L::DACC, epi_bar, batch_counter,
-                                 tid % 32);
 }
 
 template <class Cfg>
@@ -393,7 +334,6 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
   u64* empty = full + Cfg::STAGES;
   u64* turn = (u64*)(smem + L::TURNS);
   u64* epi_bar = (u64*)(smem + L::EPI_BARRIERS);  // [0] da' staged, [1] buffer free
-  int* batch_counter = (int*)(smem + L::BATCH_COUNTER);
   int* tile_start = (int*)(smem + L::SCHEDULE);
   const Feed<Cfg> feed(smem + L::FEED, P.base.tile_counter);  // (static: the counter is unused)
   const int tid = threadIdx.x;
@@ -407,7 +347,6 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
     if constexpr (L::E_STAGED) {
       mbar_init(&epi_bar[0], 128 * CONSUMER_WARPGROUPS);
       mbar_init(&epi_bar[1], 32 * L::E_WARPS);
-      *batch_counter = 0;
     }
     feed.init(L::FEED_READERS);
     fence_barrier_init();
@@ -419,9 +358,8 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
   const Scheduler<Cfg> sched(P.base, tile_start);
   if (tid < PRODUCER_THREADS) {
     if constexpr (L::E_STAGED) {
-      if constexpr (!L::E_WG) setmaxnreg_dec<L::E_PRODUCER_REGS>();  // (the whole warpgroup)
       if (tid >= 32) {
-        swiglu_epilogue_warps<Cfg>(P, sched, feed, smem + L::DACC, epi_bar, batch_counter, tid / 32 - 1, tid % 32);
+        swiglu_epilogue_warps<Cfg>(P, sched, feed, smem + L::DACC, epi_bar, tid / 32 - 1, tid % 32);
         return;
       }
     } else {
@@ -435,13 +373,11 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
     }
   } else if (tid < MAIN_THREADS) {
     if constexpr (!L::E_STAGED) setmaxnreg_inc<L::CONSUMER_REGS>();
-    else if constexpr (!L::E_WG) setmaxnreg_inc<L::E_CONSUMER_REGS>();
     const int c = tid - PRODUCER_THREADS;
-    consumer<Cfg>(P, sched, feed, smem, full, empty, turn, epi_bar, batch_counter, c / 128, c % 128);
+    consumer<Cfg>(P, sched, feed, smem, full, empty, turn, epi_bar, c / 128, c % 128);
     if constexpr (Cfg::SPLIT_CLUSTER) split_cluster_epilogue<Cfg>(P, sched, smem, c / 32, tid % 32);
-  } else if constexpr (L::E_WG) {  // the epilogue warpgroup (no threads past MAIN_THREADS otherwise)
-    swiglu_epilogue_warps<Cfg>(P, sched, feed, smem + L::DACC, epi_bar, batch_counter, 3 + (tid - MAIN_THREADS) / 32,
-                               tid % 32);
+  } else if constexpr (L::E_STAGED) {  // the epilogue warpgroup (no threads past MAIN_THREADS otherwise)
+    swiglu_epilogue_warps<Cfg>(P, sched, feed, smem + L::DACC, epi_bar, 3 + (tid - MAIN_THREADS) / 32, tid % 32);
   }
 }
 

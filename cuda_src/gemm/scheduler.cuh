@@ -28,17 +28,9 @@ struct Tile {
 // SEG_ROWS: segments may have rows of their own (GemmParams.seg_m), and the order may be rotated.
 // M_FASTEST (ungrouped, unsplit; an A/B of Sm90Config): rows fastest instead, so CTAs running
 // together share a B column block and sweep A (for a product whose B is the larger operand).
-// NARROW_LAST (ungrouped, unsplit; tiles whose last column is narrower: Plan::HALF_N): the last
-// column's tiles after all the others, and every other round of the persistent grid in reverse
-// CTA order (round i of a grid of G takes tiles i G .. i G + G - 1, CTA b the b-th of them, or in
-// an odd round the (G - 1 - b)-th): with the short tiles last, a CTA that took a late tile in one
-// round takes an early one in the next, so the CTAs' sums of tile times come out even
-// (longest-first; SOL-080's d_act at T = 6144: 240 full tiles and 48 half ones end after two
-// full tiles' time on every CTA instead of after 2.5 on some).
 template <int BM, int BN, int GROUPING, bool SPLIT, bool PIECES_INNER = false, int BK = 64, bool SEG_ROWS = false,
-          bool M_FASTEST = false, bool NARROW_LAST = false>
+          bool M_FASTEST = false>
 struct TileScheduler {
-  static_assert(!NARROW_LAST || (GROUPING == kNone && !SPLIT && !SEG_ROWS && !M_FASTEST), "narrow last: plain GEMMs");
   static_assert(!SPLIT || GROUPING == kNone, "split-K pieces of ungrouped GEMMs only");
   static_assert(!M_FASTEST || (GROUPING == kNone && !SPLIT && !SEG_ROWS), "rows fastest: plain GEMMs");
   static_assert(!PIECES_INNER || SPLIT || GROUPING == kKGrouped, "pieces innermost: split-K or K-grouped");
@@ -78,16 +70,6 @@ struct TileScheduler {
     Tile c;
     c.n0 = (M_FASTEST ? t / tiles_m : t % tiles_n) * BN;
     int mt = M_FASTEST ? t % tiles_m : t / tiles_n;
-    if constexpr (NARROW_LAST) {
-      const int G = gridDim.x, round = t / G;
-      if (round % 2) {
-        const int in_round = total - round * G < G ? total - round * G : G;
-        t = round * G + in_round - 1 - t % G;
-      }
-      const int wide_tiles = tiles_m * (tiles_n - 1);  // (tiles_n >= 1)
-      mt = t < wide_tiles ? t / (tiles_n - 1) : t - wide_tiles;
-      c.n0 = (t < wide_tiles ? t % (tiles_n - 1) : tiles_n - 1) * BN;
-    }
     c.group = 0; c.k_lo = 0; c.k_hi = 0; c.m_hi = p.m;
     if constexpr (GROUPING == kMGrouped) {
       int lo = 0, hi = p.num_groups;  // the last group whose first m-tile is <= mt

@@ -173,35 +173,6 @@ __device__ __forceinline__ void stage_accumulators(const float (&acc)[Cfg::BN / 
     }
 }
 
-// DACC_BF16: rows of BN = 256 bf16 (512 bytes), 16-byte chunk c of row r at chunk c ^ (r % 8):
-// a consumer warp's bf16x2 writes (8 rows x one chunk) and an epilogue warp's 8-byte row reads
-// are free of bank conflicts.
-__device__ __forceinline__ int dacc_bf16_offset(int r, int chunk) {
-  return r * 512 + ((chunk ^ (r % 8)) << 4);
-}
-
-// A consumer warpgroup's accumulators (its 64 rows), rounded to bf16, into the buffer.
-template <class Cfg>
-__device__ __forceinline__ void stage_accumulators_bf16(const float (&acc)[Cfg::BN / 2], u8* dacc, int wg, int tid) {
-  const int warp = tid / 32, lane = tid % 32;
-  // The thread's rows r and r + 8 share r % 8 = lane / 4, so chunk j lies at (j & ~7) | (j % 8 ^
-  // lane / 4): eight addresses a thread, the rest immediate offsets (computed per j, the
-  // compiler kept 64 addresses live and spilled).
-  u8* const row = dacc + (64 * wg + 16 * warp + lane / 4) * 512 + 4 * (lane % 4);
-  #pragma unroll
-  for (int jj = 0; jj < 8; ++jj) {
-    u8* const at = row + ((jj ^ (lane / 4)) << 4);
-    #pragma unroll
-    for (int jhi = 0; jhi < Cfg::BN / 64; ++jhi)
-      #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int j = 8 * jhi + jj;
-        *(u32*)(at + jhi * 128 + h * 8 * 512) = pack_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-      }
-  }
-  static_assert(Cfg::BN * 2 == 512, "rows of 512 bytes (dacc_bf16_offset)");
-}
-
 // Each of four rows' sum over the warp (v[q]: the lane's term of row q), by the tree of four
 // separate xor-16, 8, 4, 2, 1 butterflies, so with their bits, in 6 shuffles instead of 20: the
 // first step swaps half the rows with the other half-warp, the second half of the rest, so lanes
@@ -252,20 +223,8 @@ struct EpilogueRows {
     w_lane = lane < R && r0 + lane < rows ? swiglu_row_weight(p, tc.m0 + r0 + lane, tc.m_hi) : 1.f;
   }
 
-  // The lane's 4 columns of row r's da' (tile column tcol .. tcol + 3), as floats.
-  __device__ __forceinline__ static float4 staged(const u8* dacc, int r, int tcol, int lane) {
-    if constexpr (Plan<Cfg>::DACC_BF16) {
-      const uint2 v = *(const uint2*)(dacc + dacc_bf16_offset(r, tcol / 8) + (tcol % 8) * 2);
-      return make_float4(bf16_to_f32(v.x & 0xffff), bf16_to_f32(v.x >> 16), bf16_to_f32(v.y & 0xffff),
-                         bf16_to_f32(v.y >> 16));
-    } else {
-      return *(const float4*)(dacc + dacc_offset_in_batch(r & ~3, r & 3, lane));
-    }
-  }
-
-  // part: the row partials' column (one per 128 columns of the result).
   __device__ __forceinline__ void finish(const GemmParams& p, const Tile& tc, const u8* dacc, int r0, int rows,
-                                         int col, int part, int lane) const {
+                                         int col, int lane) const {
     const bool routed = p.e_aw != nullptr, contract = p.e_contract != 0, col_ok = col < p.n;
     const i64 ld_grad = p.e_ld_grad ? p.e_ld_grad : p.ldc;
     // Row pointers of the batch's first row, stepped a row at a time (as in load).
@@ -279,8 +238,7 @@ struct EpilogueRows {
       dots[q] = 0.f;
       if (r0 + q >= rows) continue;  // the same for the whole warp
       const float w = __shfl_sync(0xffffffffu, w_lane, q);
-      const float4 d = Plan<Cfg>::DACC_BF16 ? staged(dacc, r0 + q, col - tc.n0, lane)
-                                            : *(const float4*)(dacc + dacc_offset_in_batch(r0, q, lane));
+      const float4 d = *(const float4*)(dacc + dacc_offset_in_batch(r0, q, lane));
       const float lo[2] = {d.x, d.y}, hi[2] = {d.z, d.w};
       uint2 dg, du;
       swiglu_grad_pair<Cfg::PACKED_CONTRACT>(lo, g2[q].x, u2[q].x, w, contract, dg.x, du.x);
@@ -301,89 +259,35 @@ struct EpilogueRows {
       const float dot = warp_sum_4_rows(dots, lane);
       const int q = lane / 8;  // lane 8 q holds row q's sum
       if (lane % 8 == 0 && r0 + q < rows)
-        p.e_row_partial[(i64)(tc.m0 + r0 + q) * p.e_partial_ld + part] = dot;
+        p.e_row_partial[(i64)(tc.m0 + r0 + q) * p.e_partial_ld + tc.n0 / Cfg::BN] = dot;
     }
   }
   static_assert(R == 4, "warp_sum_4_rows, and dacc_offset_in_batch's batches of 4 rows");
 };
 
-// A staged tile's batches: R rows of one 128-column part each (parts outer), numbered in one
-// sequence over the CTA's tiles (a tile's are base .. base + count() - 1).
-template <class Cfg>
-struct StagedBatches {
-  int rows, parts, per_part;
-  __device__ StagedBatches(const GemmParams& p, const Tile& tc) {
-    rows = min(BM, tc.m_hi - tc.m0);
-    parts = min(Cfg::BN, p.n - tc.n0 + 127) / 128;  // (n is even: a part has a column)
-    per_part = (rows + EpilogueRows<Cfg>::R - 1) / EpilogueRows<Cfg>::R;
-  }
-  __device__ int count() const { return parts * per_part; }
-};
-
-// The next batch number for the warp (one shared counter, lane 0's atomic).
-__device__ __forceinline__ int claim_batch(int* counter, int lane) {
-  int c = 0;
-  if (lane == 0) c = atomicAdd(counter, 1);
-  return __shfl_sync(0xffffffffu, c, 0);
-}
-
-// A warp's share of tile tc's batches (numbers base ..): it holds claim, and claims the next
-// batch before it finishes the current one (its operands load meanwhile), until it holds one
-// past the tile's; that one it returns, the first of a later tile's. The first batch's operands
-// load before da' is staged (they do not depend on it). Every number is claimed once, so each
-// batch is done once, by whichever warp holds it, the same way: the same bits.
-template <class Cfg>
-__device__ __forceinline__ int staged_tile_share(const GemmParams& p, const Tile& tc, const u8* dacc, int* counter,
-                                                 int base, int claim, u64* staged, u32 parity, int lane) {
-  using Rows = EpilogueRows<Cfg>;
-  const StagedBatches<Cfg> b(p, tc);
-  const int end = base + b.count();
-  auto col = [&](int k) { return tc.n0 + 128 * (k / b.per_part) + 4 * lane; };
-  auto first_row = [&](int k) { return k % b.per_part * Rows::R; };
-  Rows cur, next;
-  if (claim < end) cur.load(p, tc, first_row(claim - base), b.rows, col(claim - base), lane);
-  mbar_wait(staged, parity);
-  while (claim < end) {
-    const int k = claim - base, upcoming = claim_batch(counter, lane);
-    if (upcoming < end) next.load(p, tc, first_row(upcoming - base), b.rows, col(upcoming - base), lane);
-    cur.finish(p, tc, dacc, first_row(k), b.rows, col(k), tc.n0 / 128 + k / b.per_part, lane);
-    cur = next;
-    claim = upcoming;
-  }
-  return claim;
-}
-
-// The epilogue warps (ew = 0 .. E_WARPS - 1): every tile of the CTA, once the consumers have
-// staged its da', batch by batch as they claim them: dg, du (and aw = bf16(w a), one partial of
-// <da', a> per row and 128 columns) from gate, up (and act), 8-byte loads and stores, coalesced
-// along the row. Then the buffer is handed back. Rows past the tile's group and columns past n
-// are neither read nor written. (The consumers join them on the CTA's last tile:
-// help_last_staged_tile.) What these warps still cost the main loop is mostly their math's
-// issue slots (SOL-080 d_act at T = 8192: 183 us, 145 without the work, 163 without the math;
-// bench/NOTES.md v0.7).
 template <class Cfg>
 __device__ __forceinline__ void swiglu_epilogue_warps(const GemmSm90Params& P,
                                                       const Scheduler<Cfg>& sched, const Feed<Cfg>& feed,
-                                                      const u8* dacc, u64* epi_bar, int* counter, int ew, int lane) {
+                                                      const u8* dacc, u64* epi_bar, int ew, int lane) {
+  using L = Plan<Cfg>;
+  using Rows = EpilogueRows<Cfg>;
+  constexpr int STEP = L::E_WARPS * Rows::R;
   const GemmParams& p = P.base;
-  int base = 0, claim = claim_batch(counter, lane);
   for (int j = 0;; ++j) {
     const int t = feed.read(j, lane);
     if (t >= sched.total) break;
     const Tile tc = sched.tile(t);
-    claim = staged_tile_share<Cfg>(p, tc, dacc, counter, base, claim, &epi_bar[0], j & 1, lane);
-    base += StagedBatches<Cfg>(p, tc).count();
+    const int rows = min(BM, tc.m_hi - tc.m0), col = tc.n0 + 4 * lane;
+    Rows cur, next;
+    cur.load(p, tc, ew * Rows::R, rows, col, lane);  // before da' is staged: they do not depend on it
+    mbar_wait(&epi_bar[0], j & 1);
+    for (int r0 = ew * Rows::R; r0 < rows; r0 += STEP) {  // (r0: multiples of R)
+      if (r0 + STEP < rows) next.load(p, tc, r0 + STEP, rows, col, lane);
+      cur.finish(p, tc, dacc, r0, rows, col, lane);
+      cur = next;
+    }
     mbar_arrive(&epi_bar[1]);  // this thread's reads of the buffer are done
   }
-}
-
-// A consumer warp, its loop done, on the CTA's last tile (its i-th, batches from base): no tile
-// follows whose MMAs the epilogue warps would hide, so the 8 consumer warps claim its batches
-// beside them (the 3 epilogue warps of a 128 x 256 tile alone took 23 us after the last MMAs).
-template <class Cfg>
-__device__ __forceinline__ void help_last_staged_tile(const GemmParams& p, const Tile& tc, int i, int base,
-                                                      const u8* dacc, u64* epi_bar, int* counter, int lane) {
-  staged_tile_share<Cfg>(p, tc, dacc, counter, base, claim_batch(counter, lane), &epi_bar[0], i & 1, lane);
 }
 
 // One row's 4 columns (col .. col + 3, a lane's share) of a cluster-summed split-K tile: stored

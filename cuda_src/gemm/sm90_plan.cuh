@@ -72,34 +72,14 @@ struct Plan {
   // reading gate, up (and act) from global memory. (Their cost to the main loop is mostly their
   // math's issue slots, not their loads' latency: bench/NOTES.md v0.7.)
   static constexpr bool E_STAGED = Cfg::E_STAGED;
-  // DACC_BF16: da' staged as bf16, which halves the buffer, so a 128 x 256 tile's fits where a
-  // 128 x 128 tile's fp32 did (SOL-080's contract rounds d_act to bf16 before any use: the same
-  // bits there; the layer's routed experts get bf16(da'), as autograd's bf16 tensors do). Such a
-  // tile's consumers hold 128 accumulators each, more than 512 threads leave a thread (ptxas
-  // needs ~154 registers for an m64n256 wgmma whatever setmaxnreg grants later), so it runs
-  // without the fourth warpgroup: the producer warpgroup's 3 spare warps are the epilogue.
-  static constexpr bool DACC_BF16 = Cfg::DACC_BF16;
-  static constexpr bool E_WG = E_STAGED && Cfg::BN == 128;  // the epilogue warpgroup
-  static constexpr int E_WARPS = E_STAGED ? 3 + (E_WG ? 4 : 0) : 0;
-  // Without it, the registers move by setmaxnreg as in the other cooperative tiles, from the
-  // producer warpgroup (which holds the epilogue warps: E_PRODUCER_REGS) to the consumers.
-  static constexpr int E_PRODUCER_REGS = 104, E_CONSUMER_REGS = 200;
-  // A 256-wide cooperative tile whose columns end within its first 128 (n = 1408: the last of
-  // each row of tiles) issues m64n128 MMAs into its first 64 accumulators: no tensor-core time
-  // on the zero-filled half (staged tiles only so far).
-  static constexpr bool HALF_N = E_STAGED && Cfg::BN == 256;
-  // Such a tile's MN-major B loads its first 128 columns only (the rest would be TMA's zeros,
-  // which cost the stage's bandwidth all the same: a half tile took 34 us where a 128 x 128
-  // tile takes 23).
-  static constexpr bool HALF_B = HALF_N && !Cfg::B_KMAJOR && !CPA_B;
-  static constexpr int THREADS = MAIN_THREADS + (E_WG ? 128 : 0);
+  static constexpr int E_WARPS = E_STAGED ? 3 + 4 : 0;
+  static constexpr int THREADS = MAIN_THREADS + (E_STAGED ? 128 : 0);
   static constexpr int DACC = STAGING + CONSUMER_WARPGROUPS * STAGING_BYTES;  // see dacc_offset
-  static constexpr int DACC_BYTES = E_STAGED ? BM * Cfg::BN * (DACC_BF16 ? 2 : 4) : 0;
+  static constexpr int DACC_BYTES = E_STAGED ? BM * Cfg::BN * 4 : 0;
   static constexpr int BARRIERS = DACC + DACC_BYTES;                // full, empty
   static constexpr int TURNS = BARRIERS + 2 * Cfg::STAGES * 8;     // ping-pong: whose MMAs next
   static constexpr int EPI_BARRIERS = TURNS + 2 * 8;                // da' staged, buffer free
-  static constexpr int BATCH_COUNTER = EPI_BARRIERS + 2 * 8;             // staged batches claimed
-  static constexpr int FEED = EPI_BARRIERS + (E_STAGED ? 2 * 8 + 16 : 0);  // TileFeed
+  static constexpr int FEED = EPI_BARRIERS + (E_STAGED ? 2 * 8 : 0);      // TileFeed
   static constexpr int SCHEDULE = FEED + TileFeed<true>::BYTES;           // TileScheduler::tile_start
   static constexpr int FULL_ARRIVALS = 1 + (CPA ? PRODUCER_THREADS : 0);
   static constexpr int CPA_LAG = Cfg::STAGES - 2;  // cp.async stages in flight past the newest
@@ -152,10 +132,7 @@ struct Plan {
   static_assert(Cfg::GROUPING != kKGrouped || (!Cfg::A_KMAJOR && !Cfg::B_KMAJOR),
                 "K-grouped GEMMs reduce over memory lines: both operands MN-major");
   static_assert(!E_STAGED || (Cfg::EPILOGUE == kSwigluBackward && !PINGPONG && !Cfg::C_TMA && !CPA &&
-                               (Cfg::BN == 128 || (Cfg::BN == 256 && DACC_BF16))),
-                "staged SwiGLU epilogue: cooperative 128 x 128, or 128 x 256 with bf16 staging; TMA loads");
-  static_assert(!DACC_BF16 || E_STAGED, "bf16 staging is the staged epilogue's");
-
+                               Cfg::BN == 128), "staged SwiGLU epilogue: cooperative 128 x 128, TMA loads");
   static_assert(THREADS == HOST_THREADS, "Sm90Config.threads (cupy_moe/gpu/gemm.py) disagrees with this block");
   static_assert(SCHEDULE == HOST_TABLE_OFFSET,
                 "Sm90Config.smem_bytes (cupy_moe/gpu/gemm.py) disagrees with this layout");
@@ -163,7 +140,7 @@ struct Plan {
 
 template <class Cfg>
 using Scheduler = TileScheduler<BM, Cfg::BN, Cfg::GROUPING, Cfg::SPLIT_K, Cfg::SPLIT_CLUSTER, BK, Cfg::SEG_ROWS,
-                                Cfg::M_FASTEST, Plan<Cfg>::HALF_N && Cfg::GROUPING == kNone>;
+                                Cfg::M_FASTEST>;
 template <class Cfg>
 using Feed = TileFeed<Cfg::DYNAMIC>;
 

@@ -181,7 +181,6 @@ class Sm90Config:
     C_TMA: bool = False  # bf16 results leave through shared memory and TMA stores
     PINGPONG: bool = False  # consumer warpgroups take whole tiles in turn (else share each tile)
     E_STAGED: bool = False  # SwiGLU backward on the producer's spare warps from staged fp32 da'
-    DACC_BF16: bool = False  # E_STAGED: da' staged as bf16 (what lets 128 x 256 tiles stage)
     SPLIT_K: bool = False  # fp32 pieces of the reduction (ungrouped GEMMs; the kernel reads
     # their count in GemmParams.num_groups)
     SPLIT_CLUSTER: bool = False  # the pieces of a tile are a cluster that sums them itself
@@ -210,7 +209,7 @@ class Sm90Config:
 
     @property
     def threads(self) -> int:
-        return self.THREADS + (128 if self.E_STAGED and self.BN == 128 else 0)  # the epilogue warpgroup
+        return self.THREADS + (128 if self.E_STAGED else 0)  # the epilogue warpgroup
 
     def smem_bytes(self, num_groups: int) -> int:
         stage = (self.BM + self.BN) * self.BK * 2
@@ -220,16 +219,14 @@ class Sm90Config:
             staging = 2 * self.STORE_RING * 64 * 64 * 2  # two consumer warpgroups' rings of 64 x 64 units
         else:
             staging = (2 if self.PINGPONG else 1) * self.BM * self.BN * (4 if self.EPILOGUE == EPILOGUES["f32"] else 2)
-        # (+ its two barriers and the batch counter)
-        epilogue = self.BM * self.BN * (2 if self.DACC_BF16 else 4) + 32 if self.E_STAGED else 0
+        epilogue = self.BM * self.BN * 4 + 16 if self.E_STAGED else 0
         feed = 4 * (4 + 8 + 8) + 16  # TileFeed: 4 slots, their full and empty barriers, 1 int
         return 1024 + self.STAGES * (stage + 16) + staging + epilogue + 16 + feed + 4 * (num_groups + 1)
 
     @classmethod
     def choose(cls, m_tiles: int, n: int, sms: int, num_groups: int = 0, pingpong: bool = False,
                wide: bool = False, **flags) -> "Sm90Config":
-        """Cooperative: 128 for the staged SwiGLU epilogue (256 with bf16 staging where asked:
-        wide), else BN 256 where asked (wide) or
+        """Cooperative: 128 for the staged SwiGLU epilogue, else BN 256 where asked (wide) or
         where wide_tiles_pay and every SM still gets a tile, 64 for narrow outputs, else 128.
         Ping-pong: BN 64 for narrow outputs, else 128 (a warpgroup holds the whole 128 x BN
         accumulator). STAGES: as many as fit, at most 8 (ping-pong) or 4 / 6 / 8 by BN, one
@@ -238,9 +235,7 @@ class Sm90Config:
             bn = 64 if n <= 64 else 128
             most, ring = 8, 0
         else:
-            if flags.get("E_STAGED") and wide:
-                bn, flags = 256, dict(flags, DACC_BF16=True)
-            elif flags.get("E_STAGED") or flags.get("SPLIT_CLUSTER"):
+            if flags.get("E_STAGED") or flags.get("SPLIT_CLUSTER"):
                 bn = 128
             elif wide or wide_tiles_pay(n, flags.get("GROUPING", 0)) and m_tiles * cdiv(n, 256) >= sms:
                 bn = 256
@@ -380,7 +375,7 @@ def prepare(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_km
     of rounds (tiles per CTA, even_round_ctas) instead of one per SM: as fast alone, and the SMs
     it leaves free serve a kernel on another stream from the start, not only in the last round.
     wide: 128 x 256 tiles where the Hopper loop's cooperative consumers would otherwise take 128
-    (the staged SwiGLU epilogue then stages da' as bf16: Sm90Config.DACC_BF16).
+    (the staged SwiGLU epilogue keeps 128).
     sum_groups_and_halves (grouping='k' in num_groups equal pieces, epilogue 'f32', m a multiple
     of 256): out [m / 2, n] = the sum over the pieces of rows r and r + m / 2 (the router's
     stacked [hi; lo] rows), added in (piece, half) order inside the kernel by a cluster of
@@ -642,7 +637,7 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
     counter = _tile_counter() if claims else 0
     flags = dict(flags, DYNAMIC=counter != 0, SEG_ROWS=any(s.m for s in segments))
     cfg = Sm90Config.choose(m_tiles * k_splits, n, sms, num_groups if grouping == "m" else 0,
-                            pingpong, wide=wide and not cluster, C_TMA=c_tma,
+                            pingpong, wide=wide and not staged and not cluster, C_TMA=c_tma,
                             E_STAGED=staged, SPLIT_K=k_splits > 1, SPLIT_CLUSTER=cluster, **flags)
     if CONFIG_OVERRIDE:
         cfg = dataclasses.replace(cfg, **CONFIG_OVERRIDE)
@@ -698,9 +693,8 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
         P.base.num_groups = pieces
         size = pieces * per_piece
         ctas = tiles = outputs * size
-    partials_n = cdiv(n, 128) if cfg.E_STAGED else tiles_n  # (staged: one per 128 columns)
     return _Launch("sm90", module, "gemm_sm90_kernel", (ctas,), cfg.threads, smem, bytes(P),
-                   GemmSm90Params, cluster=size, m=m, n=n, tiles_n=partials_n, tiles=tiles)
+                   GemmSm90Params, cluster=size, m=m, n=n, tiles_n=tiles_n, tiles=tiles)
 
 
 _COUNTER_PAIRS = 1 << 16
@@ -864,10 +858,4 @@ def example_sm90_configs():
                                  C_TMA=True, DYNAMIC=True))
     out.append(Sm90Config.choose(11, 4096, 132, 0, False, A_KMAJOR=False, B_KMAJOR=False, GROUPING=2,
                                  C_TMA=True, DYNAMIC=True))
-    # The staged SwiGLU epilogue in 128 x 256 tiles (bf16 staging, half tiles at n = 1408):
-    # SOL-080's d_act and the layer's fused dgrad (M-grouped, claims).
-    out.append(Sm90Config.choose(64, 1408, 132, 0, False, wide=True, A_KMAJOR=True, B_KMAJOR=False,
-                                 EPILOGUE=3, E_STAGED=True))
-    out.append(Sm90Config.choose(600, 1408, 132, 128, False, wide=True, A_KMAJOR=True, B_KMAJOR=False,
-                                 GROUPING=1, EPILOGUE=3, E_STAGED=True, DYNAMIC=True))
     return out

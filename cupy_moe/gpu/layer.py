@@ -32,11 +32,6 @@ DWD_TRANSPOSED = os.environ.get("CUPY_MOE_LAYER_DWD_TRANSPOSED", "1") != "0"
 # traced calls, bench/NOTES.md v0.23-v0.24). The same bits either way. CUPY_MOE_LAYER_BESIDE=0:
 # one after the other (dWg still runs last).
 BESIDE = os.environ.get("CUPY_MOE_LAYER_BESIDE", "1") != "0"
-# The fused SwiGLU backward GEMMs (da' = dy Wd, never stored) that run in 128 x 256 tiles with da'
-# staged as bf16 (gemm(wide=True); the row's last tile 128 wide at I = 1408), instead of 128 x 128
-# with fp32 da': a comma list of "routed" (experts_data_backward) and "shared" (the shared
-# expert's d_act). A/B; bf16(da') is what autograd's bf16 tensors hold.
-FUSED_WIDE = frozenset(filter(None, os.environ.get("CUPY_MOE_LAYER_FUSED_WIDE", "").split(",")))
 
 
 def experts_forward(x_rows, offsets, num_experts, wg, wu, wd):
@@ -86,7 +81,7 @@ def experts_data_backward(dy_rows, gate, up, act, offsets, num_experts, wg, wu, 
          a_kmajor=True, b_kmajor=False, out=None, ldc=I, epilogue="swiglu_backward",
          swiglu=SwigluBackward(gate=gate, up=up, dg=dg, du=du, act=act, weights=weights,
                                row_index=row_index, aw=aw, dw=dw_rows),
-         wide="routed" in FUSED_WIDE, **m_grouped)
+         **m_grouped)
     # dgrad: [dg | du] @ [Wg; Wu] per expert.
     dx_rows = cp.empty((N, H), bfloat16)
     gemm(m=N, n=H, segments=[Segment(dg, I, wg, H, k=I, b_group_stride=I * H),
@@ -230,7 +225,7 @@ def _shared_d_act(dy, ctx: MoEContext):
     call = dict(m=T, n=Is, segments=d_act, a_kmajor=True, b_kmajor=False, out=None, ldc=Is,
                 epilogue="swiglu_backward",
                 swiglu=SwigluBackward(gate=ctx.shared_gate, up=ctx.shared_up, dg=dgs, du=dus,
-                                      ld_grad=ld if stacked else 0), wide="shared" in FUSED_WIDE)
+                                      ld_grad=ld if stacked else 0))
     return call, (dgs, dus, dgu, ld)
 
 

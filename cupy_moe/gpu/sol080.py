@@ -88,11 +88,6 @@ CLAIMS = os.environ.get("CUPY_MOE_SOL080_CLAIMS", "auto")
 # first: T = 3072, 6144), run d_act as a plain 128 x 256 GEMM (more efficient per FLOP, and its
 # even-rounds grid leaves SMs free) with the router beside it, then the elementwise SwiGLU backward.
 WIDE_D_ACT = os.environ.get("CUPY_MOE_SOL080_WIDE_D_ACT", "0") != "0"
-# The fused d_act (SwiGLU backward in its epilogue) in 128 x 256 tiles with bf16 staging of d_act
-# (the contract rounds d_act to bf16 first: the same bits), its row's last tile 128 wide (n =
-# 1408 = 5.5 x 256), instead of 128 x 128 tiles: a k-step reads 48 KB for 4.2 MFLOP against
-# 32 KB for 2.1, and the consumers issue half the instructions per FLOP. "1" | "0" (A/B).
-FUSED_WIDE = os.environ.get("CUPY_MOE_SOL080_FUSED_WIDE", "0")
 # Where the router weight gradient runs as the first rows of the grad_[Wg; Wu] GEMM instead of as
 # its own GEMM (router.weight_gradient): "auto" (module doc), "1" everywhere, "0" nowhere.
 FUSED_WGRAD = os.environ.get("CUPY_MOE_SOL080_FUSED_WGRAD", "auto")
@@ -210,7 +205,6 @@ class _Plan:
     split_cluster: bool = False           # gemm.SPLIT_CLUSTER and SPLIT_CLUSTER: split pieces summed in the GEMM
     wgrad_cluster: bool = True            # router.summed_in_the_gemm: its knobs, E and T
     act_wide: bool = False                # WIDE_D_ACT applied: plain 128 x 256 d_act (A/B)
-    act_fused_wide: bool = False          # the fused d_act in 128 x 256 tiles (FUSED_WIDE)
     wgrad_fused: bool = True              # the router wgrad in the grad_[Wg; Wu] GEMM (FUSED_WGRAD)
     wd_pingpong: bool = False             # grad_Wd on ping-pong consumers (WD_PINGPONG)
     wgu_pingpong: bool = False            # grad_[Wg; Wu] on ping-pong consumers (WGU_PINGPONG)
@@ -230,8 +224,7 @@ class _Plan:
         act_splits = k_splits_for(T, I, H) if d_act_on_sm90 else 1
         act_fused = d_act_on_sm90 and act_splits == 1 and FUSED_D_ACT
         sms = device_sms()
-        fused_wide = act_fused and _knob(FUSED_WIDE, False)
-        d_act_tiles = cdiv(T, _D_ACT_TILE) * cdiv(I, _D_ACT_TILE * (2 if fused_wide else 1))
+        d_act_tiles = cdiv(T, _D_ACT_TILE) * cdiv(I, _D_ACT_TILE)
         router_beside = CONCURRENT and d_act_on_sm90 and act_splits == 1 and (
             sms - even_round_ctas(d_act_tiles, sms) >= _ROUTER_SMS)
         wide_tiles = cdiv(T, _D_ACT_TILE) * cdiv(I, 2 * _D_ACT_TILE)
@@ -257,7 +250,6 @@ class _Plan:
                 swiglu_sms = int(SWIGLU_SMS)
         if swiglu_sms:
             act_fused, wd_first = False, False
-        fused_wide = fused_wide and act_fused
         small_t_order = (("wgu-main" if SMALL_T_ORDER == "auto" else SMALL_T_ORDER)
                          if CONCURRENT and act_splits > 1 else "")
         split_dgrad = DGRAD_SPLITS == "k" or DGRAD_SPLITS == "auto" and small_t_order != "wgu-main"
@@ -281,7 +273,7 @@ class _Plan:
                    router_beside=router_beside, even_rounds=EVEN_ROUNDS, claims=claims, wgrad_at=WGRAD_AT,
                    wgrad_stacked=router.STACKED, split_cluster=gemm_module.SPLIT_CLUSTER and SPLIT_CLUSTER,
                    wgrad_cluster=router.summed_in_the_gemm(T, E),
-                   act_wide=act_wide, act_fused_wide=fused_wide, wgrad_fused=wgrad_fused,
+                   act_wide=act_wide, wgrad_fused=wgrad_fused,
                    wd_pingpong=_knob(WD_PINGPONG, T <= _WD_PINGPONG_MAX_T),
                    wgu_pingpong=_knob(WGU_PINGPONG, T <= _WGU_PINGPONG_MAX_T),
                    wd_transposed=_knob(WD_TRANSPOSED, T >= _WD_TRANSPOSED_MIN_T),
@@ -514,7 +506,7 @@ def _d_act_gemm(inputs: _Inputs, ws: _Workspace, plan: _Plan) -> dict:
         return dict(common, out=ws.act_pieces, epilogue="f32", k_splits=plan.act_splits,
                     c_group_stride=T * I)
     if plan.act_fused:
-        return dict(common, wide=plan.act_fused_wide, **swiglu)
+        return dict(common, **swiglu)
     return dict(common, out=ws.d_act, wide=plan.act_wide)
 
 
