@@ -22,19 +22,29 @@ MEAS_FLOPS = 789e12        # measured cuBLAS ceiling (anchors.md)
 MEAS_BYTES = 4.22e12
 
 
-def timer(reps):
+def timer(reps, hold_ms=0.0):
+    """measure(fn): the median of reps CUDA-event times of fn, each after an L2 flush (or after
+    before(flush), where given). hold_ms > 0: each call queues up behind a spin kernel of that
+    length, so the events time the GPU alone, not the host's launches (bench/spin.py)."""
     import cupy as cp
 
     flush = cp.empty(256 * 1024 * 1024 // 4, cp.float32)
     start, end = cp.cuda.Event(), cp.cuda.Event()
 
-    def measure(fn, warmup=3):
+    def measure(fn, warmup=3, before=None):
         for _ in range(warmup):
             fn()
         cp.cuda.Device().synchronize()
         times = []
         for _ in range(reps):
-            flush.fill(1.0)
+            if before is None:
+                flush.fill(1.0)
+            else:
+                before(flush)
+            if hold_ms:
+                from spin import hold_gpu
+
+                hold_gpu(hold_ms)
             start.record()
             fn()
             end.record()

@@ -5,11 +5,10 @@ prefetch of them could give), and with no flush (everything the last call left).
 Usage (device): PYTHONPATH=. python bench/l2_probe.py [--T 192,384] [--reps 20]"""
 import argparse
 import os
-import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
-from spin import hold_gpu  # noqa: E402
+from benchmark import timer  # noqa: E402
 
 
 def main():
@@ -23,38 +22,23 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args()
     Ts = [int(t) for t in args.T.split(",")] if args.T else sorted(t for t, _ in SOL080_WORKLOADS)
-    flush = cp.empty(256 * 1024 * 1024 // 4, cp.float32)
-    start, end = cp.cuda.Event(), cp.cuda.Event()
+    measure = timer(args.reps, hold_ms=0.3)
     sink = cp.empty((), cp.float32)
     weights = ("router_weight", "shared_expert_gate_weight", "shared_expert_up_weight",
                "shared_expert_down_weight")
-
-    def measure(fn, before):
-        for _ in range(3):
-            fn()
-        times = []
-        for _ in range(args.reps):
-            before()
-            hold_gpu(0.3)  # the call queues up behind it
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, end) * 1e3)
-        return statistics.median(times)
-
     print(f"{'T':>6} {'flushed':>9} {'weights warm':>13} {'no flush':>9}")
     for T in Ts:
         a = {k: cp.asarray(v) for k, v in make_sol080_inputs(T, seed=T).items()}
         call = lambda: cupy_moe.sol080_backward(**a)
 
-        def warm_weights():
+        def warm_weights(flush):
             flush.fill(1.0)
             for w in weights:  # a read of every byte brings the array into L2
                 cp.sum(a[w].view(cp.uint16), dtype=cp.float32, out=sink)
 
-        cols = [measure(call, lambda: flush.fill(1.0)), measure(call, warm_weights), measure(call, lambda: None)]
-        print(f"{T:>6} " + " ".join(f"{c:9.1f}" for c in cols[:1]) + f" {cols[1]:13.1f} {cols[2]:9.1f}", flush=True)
+        flushed, warm = measure(call), measure(call, before=warm_weights)
+        unflushed = measure(call, before=lambda flush: None)
+        print(f"{T:>6} {flushed:9.1f} {warm:13.1f} {unflushed:9.1f}", flush=True)
 
 
 if __name__ == "__main__":
