@@ -29,14 +29,17 @@ template <bool DYNAMIC>
 struct TileFeed {
   static constexpr int SLOTS = 4;  // the producer may run this many tiles ahead of the slowest reader
   static constexpr int BYTES = SLOTS * (4 + 8 + 8) + 16;
-  volatile int* slot;
+  // Not volatile: the full barrier's try_wait (an acquire, and an asm with a memory clobber)
+  // already orders the read after the producer's write. A volatile read here made ptxas put a
+  // YIELD into the consumers' k-loop of every cooperative dynamic build (bench/NOTES.md v0.30).
+  int* slot;
   u64* full;
   u64* empty;
   volatile int* producer_tile;  // thread 0's claim, for a cp.async producer's other threads
   int* counter;
 
   __device__ TileFeed(u8* at, int* tile_counter)
-      : slot((volatile int*)at), full((u64*)(at + 4 * SLOTS)), empty(full + SLOTS),
+      : slot((int*)at), full((u64*)(at + 4 * SLOTS)), empty(full + SLOTS),
         producer_tile((volatile int*)(empty + SLOTS)), counter(tile_counter) {}
 
   __device__ void init(int readers) const {  // one thread, before the CTA's first barrier
