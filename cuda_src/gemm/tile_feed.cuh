@@ -30,8 +30,9 @@ struct TileFeed {
   static constexpr int SLOTS = 4;  // the producer may run this many tiles ahead of the slowest reader
   static constexpr int BYTES = SLOTS * (4 + 8 + 8) + 16;
   // Not volatile: the full barrier's try_wait (an acquire, and an asm with a memory clobber)
-  // already orders the read after the producer's write. A volatile read here made ptxas put a
-  // YIELD into the consumers' k-loop of every cooperative dynamic build (bench/NOTES.md v0.30).
+  // already orders the read after the producer's write. A volatile read made ptxas put a YIELD
+  // into the consumers' k-loop of every cooperative dynamic build; without it the layer's
+  // grouped GEMMs and SOL-080 timed the same (bench/NOTES.md v0.30): not what claims cost.
   int* slot;
   u64* full;
   u64* empty;
