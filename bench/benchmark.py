@@ -30,6 +30,8 @@ def timer(reps, hold_ms=0.0):
 
     flush = cp.empty(256 * 1024 * 1024 // 4, cp.float32)
     start, end = cp.cuda.Event(), cp.cuda.Event()
+    if hold_ms:
+        from spin import hold_gpu
 
     def measure(fn, warmup=3, before=None):
         for _ in range(warmup):
@@ -42,8 +44,6 @@ def timer(reps, hold_ms=0.0):
             else:
                 before(flush)
             if hold_ms:
-                from spin import hold_gpu
-
                 hold_gpu(hold_ms)
             start.record()
             fn()
