@@ -4,8 +4,9 @@
 // feed compiles to nothing (its ring in a static kernel cost SOL-080 ~8 us through the larger
 // code of every warp's loop, bench/NOTES.md v0.10).
 // Dynamic (a counter pair in global memory, GemmParams.tile_counter): the first tile is
-// blockIdx.x, every later one is claimed with one atomicAdd when the CTA's producer has issued
-// the loads of its current tile. A CTA that starts late (its SM was held by a kernel on another
+// blockIdx.x, every later one is claimed with one atomicAdd while the CTA's producer issues the
+// last loads of its current tile (Sm90Config.CLAIM_LEAD of them still to go: claimed after the
+// last one, the producer waited ~1 us for the atomic while the consumers drained the stages). A CTA that starts late (its SM was held by a kernel on another
 // stream) or whose tiles are cheaper (an M-grouped tile past its expert's end) then simply takes
 // fewer tiles, instead of finishing its fixed share after everyone else. Each tile is still
 // computed whole by one CTA in the same order of operations, so which CTA takes it does not move
@@ -51,10 +52,12 @@ struct TileFeed {
     }
   }
 
-  // The producer's thread 0: the CTA's first tile, and the one after tile t.
+  // The producer's thread 0: the CTA's first tile, and the one after tile t: claimed then, or
+  // (dynamic) the tile of a ticket claimed earlier (claim(): its round trip overlaps the loads).
   __device__ int first() const { return blockIdx.x; }
-  __device__ int after(int t) const {
-    if constexpr (DYNAMIC) return (int)gridDim.x + atomicAdd(counter, 1);
+  __device__ int claim() const { return atomicAdd(counter, 1); }
+  __device__ int after(int t, int ticket = -1) const {
+    if constexpr (DYNAMIC) return (int)gridDim.x + (ticket >= 0 ? ticket : claim());
     return t + (int)gridDim.x;
   }
 

@@ -189,6 +189,9 @@ class Sm90Config:
     ROW_SPLIT: bool = False  # the result's first rows as fp32 elsewhere (gemm(f32_head))
     SEG_ROWS: bool = False  # segments with rows of their own (Segment.m), a rotated tile order
     DYNAMIC: bool = False  # tiles claimed as the CTAs go (DYNAMIC_TILES; GemmParams.tile_counter)
+    CLAIM_LEAD: int = 4  # DYNAMIC: the next tile is claimed when this many of the current tile's
+    # loads are left to issue, so the claim's round trip hides behind them (0: after its last
+    # load, where the producer waited for it with the stages draining; the same bits either way)
     C_TRANS: bool = False  # the result stored transposed (gemm(out_transposed)), by TMA
     M_FASTEST: bool = False  # tiles in row-fastest order (A/B through CONFIG_OVERRIDE only)
     STORE_RING: int = 0  # C_TMA: 64 x 64 staging units per consumer warpgroup, reused as
