@@ -1,6 +1,7 @@
 """What claimed tiles (gemm(dynamic=True)) cost one GEMM against the static order, at SOL-080's and
 the layer's shapes, for each claim lead (Sm90Config.CLAIM_LEAD: how many of a tile's loads are
-left when the producer claims the next tile; 0 claims after the last, the form before v0.31).
+left when the producer claims the next tile; 0 claims after the last, the form before v0.31), and
+for the static order with neighbouring CTAs on unrelated tiles (Sm90Config.STATIC_SHUFFLE).
 Each mode is a separate build; the modes run interleaved over --rounds, L2 flushed, median of
 --reps (us), and each mode's result must equal the static one bit for bit.
 Usage (device): PYTHONPATH=. python bench/claims_cost.py [--reps 20] [--rounds 2] [--leads 0,4,8]
@@ -75,7 +76,7 @@ def main():
     ap.add_argument("--shapes", default="wd8192,act8192,dg8192,wgu8192,wd2053,act2053,mgrouped")
     args = ap.parse_args()
     measure = timer(args.reps)
-    modes = [("static", None)] + [(f"lead{n}", int(n)) for n in args.leads.split(",")]
+    modes = [("static", None), ("shuffled", -1)] + [(f"lead{n}", int(n)) for n in args.leads.split(",")]
     made = problems(cp, args.shapes.split(","))
     times = {(s, m): [] for s in made for m, _ in modes}
     for r in range(args.rounds):
@@ -83,8 +84,9 @@ def main():
             first = None
             order = modes if r % 2 == 0 else modes[::-1]
             for mode, lead in order:
-                G.CONFIG_OVERRIDE = {} if lead is None else {"CLAIM_LEAD": lead}
-                run = lambda: G.gemm(dynamic=lead is not None, **kw)
+                G.CONFIG_OVERRIDE = ({} if lead is None else {"STATIC_SHUFFLE": True} if lead < 0
+                                     else {"CLAIM_LEAD": lead})
+                run = lambda: G.gemm(dynamic=lead is not None and lead >= 0, **kw)
                 out.fill(np.nan)
                 run()
                 bits = out.view(cp.uint16).copy()

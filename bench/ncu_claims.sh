@@ -26,13 +26,13 @@ for _ in range(int(sys.argv[1])):
         gemm(m=T, n=I, segments=[Segment(g, H, wd, I, k=H)], a_kmajor=True, b_kmajor=False, out=out,
              ldc=I, dynamic=dynamic)
 cp.cuda.Device().synchronize()"
-metrics=gpu__time_duration.sum,lts__t_sector_hit_rate.pct,dram__bytes_read.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed
+metrics=gpu__time_duration.sum,lts__t_sector_hit_rate.pct,dram__bytes_read.sum,lts__t_sectors_srcunit_tex_op_read.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed
 for shape in wd act; do
   for mode in static claims; do
     python3 -c "$one_launch" 1 $shape $mode  # compile outside the profiler
     timeout ${NCU_TIMEOUT:-120} ncu --clock-control none --kernel-name gemm_sm90_kernel --launch-skip 1 \
       --launch-count 1 --metrics $metrics python3 -c "$one_launch" 2 $shape $mode > "$out/ncu_claims_${shape}_$mode.txt" 2>&1
     echo "== $shape $mode"
-    grep -E "gpu__time_duration|lts__t_sector_hit_rate|dram__bytes_read|sm__throughput" "$out/ncu_claims_${shape}_$mode.txt"
+    grep -E "gpu__time_duration|lts__t_sector_hit_rate|dram__bytes_read|srcunit_tex|sm__throughput" "$out/ncu_claims_${shape}_$mode.txt"
   done
 done

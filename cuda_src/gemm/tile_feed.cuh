@@ -26,7 +26,10 @@
 
 namespace gemm {
 
-template <bool DYNAMIC>
+// SHUFFLE (static only; an A/B of Sm90Config.STATIC_SHUFFLE): CTA b starts at tile pi(b), a fixed
+// permutation of [0, gridDim.x), then steps by gridDim.x as before: each round runs the same tiles
+// as the plain static order, but neighbouring CTAs hold unrelated tiles, as claimed tiles do.
+template <bool DYNAMIC, bool SHUFFLE = false>
 struct TileFeed {
   static constexpr int SLOTS = 4;  // the producer may run this many tiles ahead of the slowest reader
   static constexpr int BYTES = SLOTS * (4 + 8 + 8) + 16;
@@ -54,7 +57,14 @@ struct TileFeed {
 
   // The producer's thread 0: the CTA's first tile, and the one after tile t: claimed then, or
   // (dynamic) the tile of a ticket claimed earlier (claim(): its round trip overlaps the loads).
-  __device__ int first() const { return blockIdx.x; }
+  __device__ static int start() {
+    if constexpr (SHUFFLE && !DYNAMIC) {  // b -> b p mod grid, p a prime not dividing the grid
+      const unsigned p = gridDim.x % 37 == 0 ? 41u : 37u;
+      return (int)(blockIdx.x * p % gridDim.x);
+    }
+    return blockIdx.x;
+  }
+  __device__ int first() const { return start(); }
   __device__ int claim() const { return atomicAdd(counter, 1); }
   __device__ int after(int t, int ticket = -1) const {
     if constexpr (DYNAMIC) return (int)gridDim.x + (ticket >= 0 ? ticket : claim());
@@ -72,7 +82,7 @@ struct TileFeed {
 
   // A reader warp, all lanes: entry i. Lane 0 hands the slot back once every lane has read it.
   __device__ int read(int i, int lane) const {
-    if constexpr (!DYNAMIC) return (int)blockIdx.x + i * (int)gridDim.x;
+    if constexpr (!DYNAMIC) return start() + i * (int)gridDim.x;
     const int s = i % SLOTS;
     mbar_wait(&full[s], (i / SLOTS) & 1);
     const int t = slot[s];

@@ -192,6 +192,8 @@ class Sm90Config:
     CLAIM_LEAD: int = 4  # DYNAMIC: the next tile is claimed when this many of the current tile's
     # loads are left to issue, so the claim's round trip hides behind them (0: after its last
     # load, where the producer waited for it with the stages draining; the same bits either way)
+    STATIC_SHUFFLE: bool = False  # static tiles with neighbouring CTAs on unrelated tiles (tile_feed.cuh;
+    # A/B through CONFIG_OVERRIDE only: bench/claims_cost.py)
     C_TRANS: bool = False  # the result stored transposed (gemm(out_transposed)), by TMA
     M_FASTEST: bool = False  # tiles in row-fastest order (A/B through CONFIG_OVERRIDE only)
     STORE_RING: int = 0  # C_TMA: 64 x 64 staging units per consumer warpgroup, reused as
