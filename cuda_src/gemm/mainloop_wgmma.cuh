@@ -339,7 +339,7 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
   u64* turn = (u64*)(smem + L::TURNS);
   u64* epi_bar = (u64*)(smem + L::EPI_BARRIERS);  // [0] da' staged, [1] buffer free
   int* tile_start = (int*)(smem + L::SCHEDULE);
-  const Feed<Cfg> feed(smem + L::FEED, P.base.tile_counter);  // (static: the counter is unused)
+  const Feed<Cfg> feed(smem + L::FEED, P.base.tile_counter, P.base.sm_order);  // (static: the counter is unused)
   const int tid = threadIdx.x;
   if (tid == 0) {
     for (int s = 0; s < Cfg::STAGES; ++s) {

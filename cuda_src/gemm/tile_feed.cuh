@@ -29,7 +29,10 @@ namespace gemm {
 // SHUFFLE (static only; an A/B of Sm90Config.STATIC_SHUFFLE): CTA b starts at tile pi(b), a fixed
 // permutation of [0, gridDim.x), then steps by gridDim.x as before: each round runs the same tiles
 // as the plain static order, but neighbouring CTAs hold unrelated tiles, as claimed tiles do.
-template <bool DYNAMIC, bool SHUFFLE = false>
+// SM_ORDER (static only; an A/B of Sm90Config.SM_ORDER): CTA b starts at tile order[its SM], a
+// table the host made from the GPU's SMs grouped by GPC (bench/placement.py), so that the CTAs
+// of one GPC take consecutive tiles. Only for a grid of one CTA on every SM the table covers.
+template <bool DYNAMIC, bool SHUFFLE = false, bool SM_ORDER = false>
 struct TileFeed {
   static constexpr int SLOTS = 4;  // the producer may run this many tiles ahead of the slowest reader
   static constexpr int BYTES = SLOTS * (4 + 8 + 8) + 16;
@@ -42,10 +45,11 @@ struct TileFeed {
   u64* empty;
   volatile int* producer_tile;  // thread 0's claim, for a cp.async producer's other threads
   int* counter;
+  const int* sm_order;
 
-  __device__ TileFeed(u8* at, int* tile_counter)
+  __device__ TileFeed(u8* at, int* tile_counter, const int* order = nullptr)
       : slot((int*)at), full((u64*)(at + 4 * SLOTS)), empty(full + SLOTS),
-        producer_tile((volatile int*)(empty + SLOTS)), counter(tile_counter) {}
+        producer_tile((volatile int*)(empty + SLOTS)), counter(tile_counter), sm_order(order) {}
 
   __device__ void init(int readers) const {  // one thread, before the CTA's first barrier
     if constexpr (!DYNAMIC) return;
@@ -57,7 +61,12 @@ struct TileFeed {
 
   // The producer's thread 0: the CTA's first tile, and the one after tile t: claimed then, or
   // (dynamic) the tile of a ticket claimed earlier (claim(): its round trip overlaps the loads).
-  __device__ static int start() {
+  __device__ int start() const {
+    if constexpr (SM_ORDER && !DYNAMIC) {
+      u32 sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      return sm_order[sm];
+    }
     if constexpr (SHUFFLE && !DYNAMIC) {  // b -> b p mod grid, p a prime not dividing the grid
       const unsigned p = gridDim.x % 37 == 0 ? 41u : 37u;
       return (int)(blockIdx.x * p % gridDim.x);

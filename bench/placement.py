@@ -1,0 +1,139 @@
+"""Where a persistent GEMM's CTAs sit, and whether it matters which SMs hold tiles that share an
+operand (bench/NOTES.md v0.31: static tiles with neighbouring CTAs shuffled lost 8-11% at the
+128 x 128 shapes, the L2 seeing 12-14% more requests for the same DRAM bytes).
+1. The GPC map: thread-block clusters (every CTA of a cluster sits in one GPC) of 16, 8, 4 and 2
+   CTAs, one CTA an SM, their SM ids joined into GPCs; and the SM each blockIdx of a plain
+   132-CTA launch lands on (three launches).
+2. One GEMM per shape (claims_cost.problems), static, in these orders, interleaved over --rounds, L2
+   flushed, median of --reps (us), each bit for bit against the first: blockIdx's (static), its
+   neighbours shuffled, bands of B row tiles (Sm90Config.BAND_M), and by SM with a GPC's SMs on
+   consecutive tiles (Sm90Config.SM_ORDER), alone and with bands.
+Usage (device): PYTHONPATH=. python bench/placement.py [--reps 20] [--rounds 2] [--shapes ...]"""
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from benchmark import timer  # noqa: E402
+from claims_cost import problems  # noqa: E402
+
+PROBE = r"""
+extern "C" __global__ void where(unsigned* out) {
+  unsigned sm, cid, rank;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+  asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(cid));
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  if (threadIdx.x == 0) {
+    out[3 * blockIdx.x] = sm; out[3 * blockIdx.x + 1] = cid; out[3 * blockIdx.x + 2] = rank;
+  }
+  const long long t0 = clock64();
+  while (clock64() - t0 < 100000) {}  // hold the SM, so that the grid's CTAs are resident together
+}
+"""
+_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute
+
+
+def gpc_map(cp, sms):
+    """(list of GPCs as sorted SM-id lists, [blockIdx -> SM] of three plain launches)."""
+    from cupy.cuda import driver
+
+    from cupy_moe import _launch
+
+    mod = cp.RawModule(code=PROBE, options=("-arch=sm_90a",))
+    smem = 200 * 1024  # one CTA an SM
+    parent = list(range(sms))
+
+    def find(a):
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    def run(grid, cluster):
+        out = cp.full(3 * grid, 0xFFFFFFFF, cp.uint32)
+        _launch.launch(mod, "where", (grid,), (32,), [_launch.ptr(out)], smem, cluster=cluster)
+        cp.cuda.Device().synchronize()
+        return out.get().reshape(grid, 3)
+
+    fn = _launch._function(mod, "where", smem)
+    driver.funcSetAttribute(fn, _NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+    for cluster in (16, 8, 4, 2, 16, 8, 4, 2):
+        grid = sms // cluster * cluster
+        try:
+            rec = run(grid, cluster)
+        except Exception as e:  # (a size the GPU cannot place)
+            print(f"cluster {cluster}: {type(e).__name__} {e}")
+            continue
+        for c in np.unique(rec[:, 1]):
+            members = rec[rec[:, 1] == c, 0]
+            for s in members[1:]:
+                parent[find(int(s))] = find(int(members[0]))
+    groups = {}
+    for s in range(sms):
+        groups.setdefault(find(s), []).append(s)
+    plain = [run(sms, 1)[:, 0].tolist() for _ in range(3)]
+    return sorted(groups.values()), plain
+
+
+def main():
+    import cupy as cp
+
+    from cupy_moe.gpu import gemm as G
+    from cupy_moe.gpu.gemm import device_sms
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--shapes", default="wd8192,act8192,wd2053,act2053")
+    args = ap.parse_args()
+    sms = device_sms()
+    gpcs, plain = gpc_map(cp, sms)
+    print(f"{len(gpcs)} GPCs, sizes {[len(g) for g in gpcs]}")
+    for g in gpcs:
+        print("  GPC:", g)
+    gpc_of = {s: i for i, g in enumerate(gpcs) for s in g}
+    for launch in plain:
+        print("blockIdx -> SM:", launch)
+        print("blockIdx -> GPC:", [gpc_of[s] for s in launch])
+    order = np.full(1024, -1, np.int32)  # SM id -> its CTA's first tile: a GPC's SMs consecutive
+    for rank, s in enumerate(s for g in gpcs for s in g):
+        order[s] = rank
+    G.SM_ORDER_TABLE = cp.asarray(order)
+
+    measure = timer(args.reps)
+    modes = [("static", {}), ("shuffled", {"STATIC_SHUFFLE": True}), ("band2", {"BAND_M": 2}),
+             ("band4", {"BAND_M": 4}), ("gpc", {"SM_ORDER": True}),
+             ("gpc+band2", {"SM_ORDER": True, "BAND_M": 2}), ("gpc+band4", {"SM_ORDER": True, "BAND_M": 4})]
+    made = problems(cp, args.shapes.split(","))
+    times = {(s, m): [] for s in made for m, _ in modes}
+    for r in range(args.rounds):
+        for name, (kw, out) in made.items():
+            first = None
+            order_ = modes if r % 2 == 0 else modes[::-1]
+            for mode, override in order_:
+                G.CONFIG_OVERRIDE = override
+                if override.get("SM_ORDER"):
+                    assert G.launch_tiles(dynamic=False, **kw) >= sms, f"{name}: a grid under {sms} CTAs"
+                run = lambda: G.gemm(dynamic=False, **kw)
+                out.fill(np.nan)
+                run()
+                bits = out.view(cp.uint16).copy()
+                if first is None:
+                    first = bits
+                elif not bool((bits == first).all()):
+                    print(f"{name} {mode}: NOT the bits of {order_[0][0]} (not timed)")
+                    times[name, mode].append(float("nan"))
+                    continue
+                times[name, mode].append(measure(run))
+    G.CONFIG_OVERRIDE = {}
+    print(f"{'shape':>10} " + " ".join(f"{m:>9}" for m, _ in modes) + "   (us, median of rounds' medians)")
+    for name in made:
+        row = [float(np.median(times[name, m])) for m, _ in modes]
+        print(f"{name:>10} " + " ".join(f"{v:9.1f}" for v in row))
+        print(f"{'':>10} " + " ".join(f"{100 * (v / row[0] - 1):+8.1f}%" for v in row))
+
+
+if __name__ == "__main__":
+    main()
