@@ -104,7 +104,7 @@ def main():
 
     measure = timer(args.reps)
     modes = [("static", {}), ("shuffled", {"STATIC_SHUFFLE": True}), ("band2", {"BAND_M": 2}),
-             ("band4", {"BAND_M": 4}), ("gpc", {"SM_ORDER": True}),
+             ("band4", {"BAND_M": 4}), ("band8", {"BAND_M": 8}), ("gpc", {"SM_ORDER": True}),
              ("gpc+band2", {"SM_ORDER": True, "BAND_M": 2}), ("gpc+band4", {"SM_ORDER": True, "BAND_M": 4})]
     made = problems(cp, args.shapes.split(","))
     times = {(s, m): [] for s in made for m, _ in modes}

@@ -48,6 +48,15 @@ SM_ORDER_TABLE = None
 # summed over DSMEM before the epilogue (Cfg::SPLIT_CLUSTER). 0: the fp32 pieces go through
 # global memory and the caller's kernel instead (A/B; see gpu/sol080.py).
 SPLIT_CLUSTER = os.environ.get("CUPY_MOE_SPLIT_CLUSTER", "1") != "0"
+# Ungrouped, unsplit 128 x 256 GEMMs walk their tiles in bands of BAND_ROWS row tiles (each band's
+# columns in turn, its rows fastest: Sm90Config.BAND_M), so that the 16 CTAs of a GPC, which take
+# consecutive tiles, share four A row blocks and four B column blocks instead of one A row block
+# and sixteen of B: 1-3% per GEMM alone, SOL-080 -5 us on the mean (bench/NOTES.md v0.31; 128 x
+# 128 tiles gained nothing, and keep the plain order). CUPY_MOE_BAND_ROWS=N bands every eligible
+# GEMM by N instead, 1 none (A/B).
+_band = os.environ.get("CUPY_MOE_BAND_ROWS", "auto")
+BAND_ROWS = "auto" if _band == "auto" else int(_band)
+
 # fp32 results (epilogue 'f32': the layer's dx_rest) leave through shared memory and TMA stores, as
 # bf16 ones do, instead of from registers (4.5 us a 128 x 256 tile, the tensor cores idle).
 # CUPY_MOE_F32_TMA=0: from registers (A/B; the same bits).
@@ -196,7 +205,7 @@ class Sm90Config:
     CLAIM_LEAD: int = 4  # DYNAMIC: the next tile is claimed when this many of the current tile's
     # loads are left to issue, so the claim's round trip hides behind them (0: after its last
     # load, where the producer waited for it with the stages draining; the same bits either way)
-    BAND_M: int = 1  # ungrouped, unsplit tiles in bands of this many row tiles (scheduler.cuh; A/B)
+    BAND_M: int = 1  # ungrouped, unsplit tiles in bands of this many row tiles (scheduler.cuh; band_rows)
     SM_ORDER: bool = False  # static tiles by the CTA's SM (SM_ORDER_TABLE; A/B: bench/placement.py)
     STATIC_SHUFFLE: bool = False  # static tiles with neighbouring CTAs on unrelated tiles (tile_feed.cuh;
     # A/B through CONFIG_OVERRIDE only: bench/claims_cost.py)
@@ -419,7 +428,7 @@ def prepare(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_km
 
     opt = lambda a: 0 if a is None else _addr(a)
     sw = swiglu if epilogue == "swiglu_backward" else None
-    key = (cupy.cuda.Device().id, PINGPONG, STAGED_EPILOGUE, DYNAMIC_TILES, STORE_RING, F32_TMA,
+    key = (cupy.cuda.Device().id, PINGPONG, STAGED_EPILOGUE, DYNAMIC_TILES, STORE_RING, F32_TMA, BAND_ROWS,
            tuple(sorted(CONFIG_OVERRIDE.items())),
            m, n, a_kmajor, b_kmajor, opt(out), ldc, epilogue, grouping, opt(group_offsets),
            num_groups, c_group_stride, opt(gather_a), opt(gather_b), gather_div, engine, k_splits,
@@ -613,6 +622,16 @@ def _sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stri
     return None
 
 
+def band_rows(cfg: Sm90Config) -> int:
+    """Sm90Config.BAND_M for a config (BAND_ROWS): ungrouped, unsplit tiles in the columns-fastest
+    order only, and not where a static order is rotated to spread a segment's heavy first rows
+    (SEG_ROWS without claims: _heavy_tiles_rotation counts those rows' tiles first)."""
+    if (cfg.GROUPING or cfg.SPLIT_K or cfg.SPLIT_CLUSTER or cfg.M_FASTEST
+            or cfg.SEG_ROWS and not cfg.DYNAMIC):
+        return 1
+    return (4 if cfg.BN == 256 else 1) if BAND_ROWS == "auto" else BAND_ROWS
+
+
 def even_round_ctas(tiles: int, sms: int) -> int:
     """The fewest CTAs that keep a persistent grid of `tiles` at its number of rounds on `sms`
     SMs (187 tiles on 132 SMs: 2 rounds, 94 CTAs instead of 132)."""
@@ -650,6 +669,7 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
     cfg = Sm90Config.choose(m_tiles * k_splits, n, sms, num_groups if grouping == "m" else 0,
                             pingpong, wide=wide and not staged and not cluster, C_TMA=c_tma,
                             E_STAGED=staged, SPLIT_K=k_splits > 1, SPLIT_CLUSTER=cluster, **flags)
+    cfg = dataclasses.replace(cfg, BAND_M=band_rows(cfg))
     if CONFIG_OVERRIDE:
         cfg = dataclasses.replace(cfg, **CONFIG_OVERRIDE)
     P = GemmSm90Params()
@@ -871,4 +891,4 @@ def example_sm90_configs():
                                  C_TMA=True, DYNAMIC=True))
     out.append(Sm90Config.choose(11, 4096, 132, 0, False, A_KMAJOR=False, B_KMAJOR=False, GROUPING=2,
                                  C_TMA=True, DYNAMIC=True))
-    return out
+    return [dataclasses.replace(cfg, BAND_M=band_rows(cfg)) for cfg in out]  # as _prepare_sm90 sets it
