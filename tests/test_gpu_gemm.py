@@ -522,6 +522,37 @@ def test_store_ring_gives_the_same_bits(case, monkeypatch):
     assert relative_error(results[1].astype(np.float32), ref) < 1e-2
 
 
+@pytest.mark.parametrize("case", ["dense", "dense-128", "m-grouped", "m-one-group", "k-grouped", "k-transposed"])
+def test_band_orders_give_the_same_bits(case, monkeypatch):
+    """Tiles walked in bands of row tiles (gemm.BAND_ROWS, BAND_GROUPED_ROWS: Sm90Config.BAND_M)
+    are each computed whole, in the same order of operations, so the results are bitwise those of
+    the plain order, static or claimed, every element written, against NumPy too: bands of 4 and
+    of 3 (a narrower last band), 128 x 256 and 128 x 128 dense tiles, M-grouped with empty groups
+    or all rows in one, K-grouped with an empty group (bands within each group), transposed."""
+    from cupy_moe.gpu import gemm as G
+
+    ref, kw, out = _store_path_problem(np.random.default_rng(43), "dense" if case == "dense-128" else case,
+                                       dense=(4099, 136 if case == "dense-128" else 1280, 200))
+    bands = []
+    band_rows = G.band_rows
+    monkeypatch.setattr(G, "band_rows", lambda cfg: bands.append(band_rows(cfg)) or bands[-1])
+    results = []
+    for band in (1, 4, 3):
+        for dynamic in ("none", "all"):
+            monkeypatch.setattr(G, "BAND_ROWS", band)
+            monkeypatch.setattr(G, "BAND_GROUPED_ROWS", band)
+            monkeypatch.setattr(G, "DYNAMIC_TILES", dynamic)
+            G._prepared.clear()
+            out.fill(np.nan)
+            G.gemm(engine="sm90", **kw)
+            results.append(out.get())
+    assert bands == [1, 1, 4, 4, 3, 3]
+    assert not np.isnan(results[0].astype(np.float32)).any()
+    for r in results[1:]:
+        np.testing.assert_array_equal(results[0].view(np.uint16), r.view(np.uint16))
+    assert relative_error(results[0].astype(np.float32), ref) < 1e-2
+
+
 @pytest.mark.parametrize("case", ["dense", "dense-one-kstep", "dense-64", "m-grouped", "m-one-group",
                                   "k-grouped", "k-transposed"])
 def test_deferred_stores_give_the_same_bits(case, monkeypatch):

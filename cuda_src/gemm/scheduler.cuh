@@ -28,10 +28,11 @@ struct Tile {
 // SEG_ROWS: segments may have rows of their own (GemmParams.seg_m), and the order may be rotated.
 // M_FASTEST (ungrouped, unsplit; an A/B of Sm90Config): rows fastest instead, so CTAs running
 // together share a B column block and sweep A (for a product whose B is the larger operand).
-// BAND > 1 (ungrouped, unsplit, columns fastest; an A/B of Sm90Config.BAND_M): rows in bands of
-// BAND row tiles, each band's columns in turn and its rows fastest within a column, so that CTAs
-// running together hold a few rows x a few columns of tiles (sharing both operands) instead of one
-// row block x every column.
+// BAND > 1 (unsplit, columns fastest; Sm90Config.BAND_M): row tiles in bands of BAND (M-grouped:
+// over all groups' row tiles; K-grouped: within each group), each band's columns in turn and its
+// rows fastest within a column, so that the CTAs of a GPC, which run consecutive tiles together,
+// hold a few rows x a few columns of tiles (sharing both operands) instead of one row block x
+// sixteen columns (bench/NOTES.md v0.31).
 template <int BM, int BN, int GROUPING, bool SPLIT, bool PIECES_INNER = false, int BK = 64, bool SEG_ROWS = false,
           bool M_FASTEST = false, int BAND = 1>
 struct TileScheduler {
@@ -74,11 +75,13 @@ struct TileScheduler {
     Tile c;
     c.n0 = (M_FASTEST ? t / tiles_m : t % tiles_n) * BN;
     int mt = M_FASTEST ? t % tiles_m : t / tiles_n;
-    if constexpr (BAND > 1 && GROUPING == kNone && !SPLIT && !M_FASTEST) {
-      const int band = t / (BAND * tiles_n), rest = t - band * BAND * tiles_n;
+    if constexpr (BAND > 1 && !SPLIT && !M_FASTEST && !PIECES_INNER) {
+      const int per = GROUPING == kKGrouped ? tiles_m * tiles_n : total;  // a K-group's tiles, else all
+      const int g = t / per, r = t - g * per;
+      const int band = r / (BAND * tiles_n), rest = r - band * BAND * tiles_n;
       const int rows = min(BAND, tiles_m - band * BAND);  // (the last band may be narrower)
       c.n0 = rest / rows * BN;
-      mt = band * BAND + rest % rows;
+      mt = g * tiles_m + band * BAND + rest % rows;
     }
     c.group = 0; c.k_lo = 0; c.k_hi = 0; c.m_hi = p.m;
     if constexpr (GROUPING == kMGrouped) {

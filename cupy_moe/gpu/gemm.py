@@ -48,14 +48,14 @@ SM_ORDER_TABLE = None
 # summed over DSMEM before the epilogue (Cfg::SPLIT_CLUSTER). 0: the fp32 pieces go through
 # global memory and the caller's kernel instead (A/B; see gpu/sol080.py).
 SPLIT_CLUSTER = os.environ.get("CUPY_MOE_SPLIT_CLUSTER", "1") != "0"
-# Ungrouped, unsplit 128 x 256 GEMMs walk their tiles in bands of BAND_ROWS row tiles (each band's
-# columns in turn, its rows fastest: Sm90Config.BAND_M), so that the 16 CTAs of a GPC, which take
+# Ungrouped, unsplit GEMMs walk their tiles in bands of BAND_ROWS row tiles (each band's columns
+# in turn, its rows fastest: Sm90Config.BAND_M), so that the 16 CTAs of a GPC, which take
 # consecutive tiles, share four A row blocks and four B column blocks instead of one A row block
-# and sixteen of B: 1-3% per GEMM alone, SOL-080 -5 us on the mean (bench/NOTES.md v0.31; 128 x
-# 128 tiles gained nothing, and keep the plain order). CUPY_MOE_BAND_ROWS=N bands every eligible
-# GEMM by N instead, 1 none (A/B).
-_band = os.environ.get("CUPY_MOE_BAND_ROWS", "auto")
-BAND_ROWS = "auto" if _band == "auto" else int(_band)
+# and sixteen of B (bench/NOTES.md v0.31: 1-3% a 128 x 256 GEMM alone, SOL-080 -0.5..-2.4 us on
+# the mean); grouped ones by BAND_GROUPED_ROWS (M-grouped over all row tiles, K-grouped within
+# each group). 1: the plain order. CUPY_MOE_BAND_ROWS / CUPY_MOE_BAND_GROUPED set them (A/B).
+BAND_ROWS = int(os.environ.get("CUPY_MOE_BAND_ROWS", "4"))
+BAND_GROUPED_ROWS = int(os.environ.get("CUPY_MOE_BAND_GROUPED", "1"))
 
 # fp32 results (epilogue 'f32': the layer's dx_rest) leave through shared memory and TMA stores, as
 # bf16 ones do, instead of from registers (4.5 us a 128 x 256 tile, the tensor cores idle).
@@ -429,6 +429,7 @@ def prepare(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_km
     opt = lambda a: 0 if a is None else _addr(a)
     sw = swiglu if epilogue == "swiglu_backward" else None
     key = (cupy.cuda.Device().id, PINGPONG, STAGED_EPILOGUE, DYNAMIC_TILES, STORE_RING, F32_TMA, BAND_ROWS,
+           BAND_GROUPED_ROWS,
            tuple(sorted(CONFIG_OVERRIDE.items())),
            m, n, a_kmajor, b_kmajor, opt(out), ldc, epilogue, grouping, opt(group_offsets),
            num_groups, c_group_stride, opt(gather_a), opt(gather_b), gather_div, engine, k_splits,
@@ -623,13 +624,13 @@ def _sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stri
 
 
 def band_rows(cfg: Sm90Config) -> int:
-    """Sm90Config.BAND_M for a config (BAND_ROWS): ungrouped, unsplit tiles in the columns-fastest
-    order only, and not where a static order is rotated to spread a segment's heavy first rows
-    (SEG_ROWS without claims: _heavy_tiles_rotation counts those rows' tiles first)."""
-    if (cfg.GROUPING or cfg.SPLIT_K or cfg.SPLIT_CLUSTER or cfg.M_FASTEST
-            or cfg.SEG_ROWS and not cfg.DYNAMIC):
+    """Sm90Config.BAND_M for a config (BAND_ROWS, BAND_GROUPED_ROWS): unsplit tiles in the
+    columns-fastest order only, and not where a static order is rotated to spread a segment's
+    heavy first rows (SEG_ROWS without claims: _heavy_tiles_rotation counts those rows' tiles
+    first)."""
+    if cfg.SPLIT_K or cfg.SPLIT_CLUSTER or cfg.M_FASTEST or cfg.SEG_ROWS and not cfg.DYNAMIC:
         return 1
-    return (4 if cfg.BN == 256 else 1) if BAND_ROWS == "auto" else BAND_ROWS
+    return BAND_GROUPED_ROWS if cfg.GROUPING else BAND_ROWS
 
 
 def even_round_ctas(tiles: int, sms: int) -> int:

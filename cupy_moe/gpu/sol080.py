@@ -213,7 +213,7 @@ class _Plan:
     wd_first: bool = False                # grad_Wd first with the router beside it (WD_FIRST)
     swiglu_sms: int = 0                   # SMs of the elementwise SwiGLU beside grad_Wd (SWIGLU_SMS)
     store_ring: int = 0                   # gemm.STORE_RING (A/B: a graph per setting)
-    band_rows: object = "auto"            # gemm.BAND_ROWS (A/B: a graph per setting)
+    band_rows: int = 4                    # gemm.BAND_ROWS (A/B: a graph per setting)
     dgrad_wide: bool = False              # the unsplit dgrad in 128 x 256 tiles (DGRAD_WIDE)
 
     @classmethod
