@@ -3,7 +3,7 @@ flushed, median of --reps (ms), the variants' order rotated each round; each var
 against the first's (relative error).
 A variant is a comma list of knob=value: dwdt=0|1 (gpu.layer.DWD_TRANSPOSED), sbs=0|1 (the
 shared expert's weight gradients side by side: gpu.side_by_side.MIN_GAIN_STEPS), ring=N
-(gpu.gemm.STORE_RING), band=N (gpu.gemm.BAND_ROWS), gband=N (gpu.gemm.BAND_GROUPED_ROWS), kgrate=X (gpu.side_by_side.K_GROUPED_FLOP_PER_SM_US: the combine's SMs
+(gpu.gemm.STORE_RING), band=N (gpu.gemm.BAND_ROWS), nband=N (gpu.gemm.BAND_NARROW_ROWS), gband=N (gpu.gemm.BAND_GROUPED_ROWS), kgrate=X (gpu.side_by_side.K_GROUPED_FLOP_PER_SM_US: the combine's SMs
 beside dWg through free_sms), f32tma=0|1 (gpu.gemm.F32_TMA), cfg.FIELD=N (gpu.gemm.CONFIG_OVERRIDE: that Sm90Config field on every
 Hopper GEMM; the caller keeps it within shared memory); "base" is the
 defaults. Usage (device): PYTHONPATH=. python bench/ab_layer.py [--T 8192] [--reps 10] base dwdt=0"""
@@ -35,6 +35,7 @@ def main():
         side_by_side.MIN_GAIN_STEPS = 16 if knobs.pop("sbs", "1") != "0" else 1 << 30
         gemm.STORE_RING = int(knobs.pop("ring", "2"))
         gemm.BAND_ROWS = int(knobs.pop("band", "4"))
+        gemm.BAND_NARROW_ROWS = int(knobs.pop("nband", "1"))
         gemm.BAND_GROUPED_ROWS = int(knobs.pop("gband", "1"))
         gemm.F32_TMA = knobs.pop("f32tma", "1") != "0"
         side_by_side.K_GROUPED_FLOP_PER_SM_US = float(knobs.pop("kgrate", "4.4e6"))

@@ -13,7 +13,7 @@ CONFIG_OVERRIDE: the same bits), wide=0|1 (sol080.WIDE_D_ACT), dyn=grouped|all|n
 (sol080.WD_PINGPONG), wgupp=auto|0|1 (sol080.WGU_PINGPONG), wdt=auto|0|1
 (sol080.WD_TRANSPOSED), sto=auto|cap|wgu-main|"" (sol080.SMALL_T_ORDER; sto= for none), wdf=auto|0|1 (sol080.WD_FIRST),
 dgs=auto|k|1 (sol080.DGRAD_SPLITS), dgw=auto|0|1 (sol080.DGRAD_WIDE), sws=auto|N (sol080.SWIGLU_SMS), swst=N (the SwiGLU kernel's stages),
-ring=N (gemm.STORE_RING: the same bits), band=N (gemm.BAND_ROWS: the same bits), gband=N (gemm.BAND_GROUPED_ROWS), cfg.FIELD=N (that Sm90Config field on every Hopper GEMM,
+ring=N (gemm.STORE_RING: the same bits), band=N (gemm.BAND_ROWS: the same bits), nband=N (gemm.BAND_NARROW_ROWS), gband=N (gemm.BAND_GROUPED_ROWS), cfg.FIELD=N (that Sm90Config field on every Hopper GEMM,
 through gemm.CONFIG_OVERRIDE);
 "base" is the defaults, e.g.
 `python bench/ab_sol080_plans.py base even=wgu wgrad=side-early pdl=0`.
@@ -53,6 +53,7 @@ def main():
         sol080.EVEN_ROUNDS = frozenset(filter(None, knobs.pop("even", "").split("+")))
         sol080.CLAIMS = knobs.pop("claims", "auto").replace("+", ",")
         gemm.BAND_ROWS = int(knobs.pop("band", "4"))
+        gemm.BAND_NARROW_ROWS = int(knobs.pop("nband", "1"))
         gemm.BAND_GROUPED_ROWS = int(knobs.pop("gband", "1"))
         sol080.WGRAD_AT = knobs.pop("wgrad", "auto")
         _launch.PDL = knobs.pop("pdl", "1") != "0"

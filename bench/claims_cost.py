@@ -31,10 +31,10 @@ def problems(cp, names):
     made = {}
     for name in names:
         kind, T = name.rstrip("0123456789"), int(name[len(name.rstrip("0123456789")):] or 0)
-        if kind == "wd":
+        if kind in ("wd", "wdpp"):  # (wdpp: on ping-pong consumers, as SOL-080 runs it up to T = 4096)
             g, act, out = bf(T, H), bf(T, I), cp.empty((H, I), bfloat16)
             kw = dict(m=H, n=I, segments=[Segment(g, H, act, I, k=T)], a_kmajor=False, b_kmajor=False,
-                      out=out, ldc=I)
+                      out=out, ldc=I, pingpong=kind == "wdpp")
         elif kind == "act":
             g, wd, gate, up = bf(T, H), bf(H, I), bf(T, I), bf(T, I)
             out = cp.empty((T, 2 * I), bfloat16)

@@ -540,6 +540,7 @@ def test_band_orders_give_the_same_bits(case, monkeypatch):
     for band in (1, 4, 3):
         for dynamic in ("none", "all"):
             monkeypatch.setattr(G, "BAND_ROWS", band)
+            monkeypatch.setattr(G, "BAND_NARROW_ROWS", band)
             monkeypatch.setattr(G, "BAND_GROUPED_ROWS", band)
             monkeypatch.setattr(G, "DYNAMIC_TILES", dynamic)
             G._prepared.clear()

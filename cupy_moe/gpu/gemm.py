@@ -54,7 +54,8 @@ SPLIT_CLUSTER = os.environ.get("CUPY_MOE_SPLIT_CLUSTER", "1") != "0"
 # and sixteen of B (bench/NOTES.md v0.31: 1-3% a 128 x 256 GEMM alone, SOL-080 -0.5..-2.4 us on
 # the mean); grouped ones by BAND_GROUPED_ROWS (M-grouped over all row tiles, K-grouped within
 # each group). 1: the plain order. CUPY_MOE_BAND_ROWS / CUPY_MOE_BAND_GROUPED set them (A/B).
-BAND_ROWS = int(os.environ.get("CUPY_MOE_BAND_ROWS", "4"))
+BAND_ROWS = int(os.environ.get("CUPY_MOE_BAND_ROWS", "4"))  # 128 x 256 tiles
+BAND_NARROW_ROWS = int(os.environ.get("CUPY_MOE_BAND_NARROW", "1"))
 BAND_GROUPED_ROWS = int(os.environ.get("CUPY_MOE_BAND_GROUPED", "1"))
 
 # fp32 results (epilogue 'f32': the layer's dx_rest) leave through shared memory and TMA stores, as
@@ -429,7 +430,7 @@ def prepare(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_km
     opt = lambda a: 0 if a is None else _addr(a)
     sw = swiglu if epilogue == "swiglu_backward" else None
     key = (cupy.cuda.Device().id, PINGPONG, STAGED_EPILOGUE, DYNAMIC_TILES, STORE_RING, F32_TMA, BAND_ROWS,
-           BAND_GROUPED_ROWS,
+           BAND_NARROW_ROWS, BAND_GROUPED_ROWS,
            tuple(sorted(CONFIG_OVERRIDE.items())),
            m, n, a_kmajor, b_kmajor, opt(out), ldc, epilogue, grouping, opt(group_offsets),
            num_groups, c_group_stride, opt(gather_a), opt(gather_b), gather_div, engine, k_splits,
@@ -630,7 +631,7 @@ def band_rows(cfg: Sm90Config) -> int:
     first)."""
     if cfg.SPLIT_K or cfg.SPLIT_CLUSTER or cfg.M_FASTEST or cfg.SEG_ROWS and not cfg.DYNAMIC:
         return 1
-    return BAND_GROUPED_ROWS if cfg.GROUPING else BAND_ROWS
+    return BAND_GROUPED_ROWS if cfg.GROUPING else BAND_ROWS if cfg.BN == 256 else BAND_NARROW_ROWS
 
 
 def even_round_ctas(tiles: int, sms: int) -> int:
