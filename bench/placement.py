@@ -5,9 +5,10 @@ operand (bench/NOTES.md v0.31: static tiles with neighbouring CTAs shuffled lost
    CTAs, one CTA an SM, their SM ids joined into GPCs; and the SM each blockIdx of a plain
    132-CTA launch lands on (three launches).
 2. One GEMM per shape (claims_cost.problems), static, in these orders, interleaved over --rounds, L2
-   flushed, median of --reps (us), each bit for bit against the first: blockIdx's (static), its
-   neighbours shuffled, bands of B row tiles (Sm90Config.BAND_M), and by SM with a GPC's SMs on
-   consecutive tiles (Sm90Config.SM_ORDER), alone and with bands.
+   flushed, median of --reps (us), each bit for bit against the first: the plain order, its
+   neighbouring CTAs shuffled, and bands of 2, 4 and 8 row tiles (Sm90Config.BAND_M).
+(v0.31, H200: blockIdx 8-119 fill GPCs of 16 SMs in turn, so the plain order already gives a GPC
+consecutive tiles; a table that ordered CTAs by their SM's GPC timed the same and was dropped.)
 Usage (device): PYTHONPATH=. python bench/placement.py [--reps 20] [--rounds 2] [--shapes ...]"""
 import argparse
 import os
@@ -97,15 +98,10 @@ def main():
     for launch in plain:
         print("blockIdx -> SM:", launch)
         print("blockIdx -> GPC:", [gpc_of[s] for s in launch])
-    order = np.full(1024, -1, np.int32)  # SM id -> its CTA's first tile: a GPC's SMs consecutive
-    for rank, s in enumerate(s for g in gpcs for s in g):
-        order[s] = rank
-    G.SM_ORDER_TABLE = cp.asarray(order)
 
     measure = timer(args.reps)
     modes = [("static", {}), ("shuffled", {"STATIC_SHUFFLE": True}), ("band2", {"BAND_M": 2}),
-             ("band4", {"BAND_M": 4}), ("band8", {"BAND_M": 8}), ("gpc", {"SM_ORDER": True}),
-             ("gpc+band2", {"SM_ORDER": True, "BAND_M": 2}), ("gpc+band4", {"SM_ORDER": True, "BAND_M": 4})]
+             ("band4", {"BAND_M": 4}), ("band8", {"BAND_M": 8})]
     made = problems(cp, args.shapes.split(","))
     times = {(s, m): [] for s in made for m, _ in modes}
     for r in range(args.rounds):
@@ -114,8 +110,6 @@ def main():
             order_ = modes if r % 2 == 0 else modes[::-1]
             for mode, override in order_:
                 G.CONFIG_OVERRIDE = override
-                if override.get("SM_ORDER"):
-                    assert G.launch_tiles(dynamic=False, **kw) >= sms, f"{name}: a grid under {sms} CTAs"
                 run = lambda: G.gemm(dynamic=False, **kw)
                 out.fill(np.nan)
                 run()

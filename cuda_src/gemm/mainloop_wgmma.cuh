@@ -35,8 +35,8 @@ namespace gemm {
 namespace sm90 {
 
 // Thread 0 also claims the CTA's tiles and feeds their indices to the other warps: the next one
-// while the current one's last CLAIM_LEAD loads are issued, so that the atomic's round trip
-// overlaps them instead of stalling the loads of the next tile.
+// once the current one's loads are issued (its latency hides behind the stages in flight; an
+// earlier claim timed the same: bench/NOTES.md v0.31).
 template <class Cfg>
 __device__ __forceinline__ void producer(const GemmSm90Params& P, const Scheduler<Cfg>& sched,
                                          const Feed<Cfg>& feed, u8* smem, u64* full, u64* empty, int tid) {
@@ -55,8 +55,6 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const Schedule
     const int grp = Cfg::GROUPING == kMGrouped ? tc.group : 0;
     const bool half_a = L::HALF_A && tc.m_hi - tc.m0 <= 64;  // (as the consumers' idle test)
     int kt = 0;  // k-tile over all segments
-    int loaded = 0, ticket = -1;  // dynamic: the next tile's claim, made at load claim_at
-    const int claim_at = Cfg::DYNAMIC && Cfg::CLAIM_LEAD > 0 ? max(0, sched.k_tiles(tc) - Cfg::CLAIM_LEAD) : -1;
     for (int s = 0; s < p.num_segments; ++s) {
       if (!sched.in_segment(tc, s)) continue;  // as k_tiles counts them
       const int k_begin = Cfg::GROUPING == kKGrouped ? tc.k_lo : 0;
@@ -67,7 +65,6 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const Schedule
       for (int k0 = k_begin; k0 < k_end; k0 += BK, ++kt) {
         if constexpr (Cfg::SPLIT_K)
           if (!sched.loads(tc, kt)) continue;  // another piece's
-        if (Cfg::DYNAMIC && tid == 0 && loaded++ == claim_at) ticket = feed.claim();
         TRACE_PRODUCER_BEGIN();
         mbar_wait(&empty[stage], phase ^ 1);
         u8* ta = smem + stage * L::STAGE_BYTES;
@@ -100,7 +97,7 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const Schedule
         if (++stage == Cfg::STAGES) { stage = 0; phase ^= 1; }
       }
     }
-    if (tid == 0 || !Cfg::DYNAMIC) claimed = feed.after(t, ticket);  // (dynamic: thread 0 claims for all)
+    if (tid == 0 || !Cfg::DYNAMIC) claimed = feed.after(t);  // (dynamic: thread 0 claims for all)
   }
   if (tid == 0) feed.done();
   if constexpr (L::CPA) {
@@ -339,7 +336,7 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
   u64* turn = (u64*)(smem + L::TURNS);
   u64* epi_bar = (u64*)(smem + L::EPI_BARRIERS);  // [0] da' staged, [1] buffer free
   int* tile_start = (int*)(smem + L::SCHEDULE);
-  const Feed<Cfg> feed(smem + L::FEED, P.base.tile_counter, P.base.sm_order);  // (static: the counter is unused)
+  const Feed<Cfg> feed(smem + L::FEED, P.base.tile_counter);  // (static: the counter is unused)
   const int tid = threadIdx.x;
   if (tid == 0) {
     for (int s = 0; s < Cfg::STAGES; ++s) {

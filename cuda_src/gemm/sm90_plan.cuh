@@ -142,7 +142,7 @@ template <class Cfg>
 using Scheduler = TileScheduler<BM, Cfg::BN, Cfg::GROUPING, Cfg::SPLIT_K, Cfg::SPLIT_CLUSTER, BK, Cfg::SEG_ROWS,
                                 Cfg::M_FASTEST, Cfg::BAND_M>;
 template <class Cfg>
-using Feed = TileFeed<Cfg::DYNAMIC, Cfg::STATIC_SHUFFLE, Cfg::SM_ORDER>;
+using Feed = TileFeed<Cfg::DYNAMIC, Cfg::STATIC_SHUFFLE>;
 
 }  // namespace sm90
 }  // namespace gemm

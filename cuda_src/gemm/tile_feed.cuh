@@ -4,9 +4,8 @@
 // feed compiles to nothing (its ring in a static kernel cost SOL-080 ~8 us through the larger
 // code of every warp's loop, bench/NOTES.md v0.10).
 // Dynamic (a counter pair in global memory, GemmParams.tile_counter): the first tile is
-// blockIdx.x, every later one is claimed with one atomicAdd while the CTA's producer issues the
-// last loads of its current tile (Sm90Config.CLAIM_LEAD of them still to go: claimed after the
-// last one, the producer waited ~1 us for the atomic while the consumers drained the stages). A CTA that starts late (its SM was held by a kernel on another
+// blockIdx.x, every later one is claimed with one atomicAdd when the CTA's producer has issued
+// the loads of its current tile. A CTA that starts late (its SM was held by a kernel on another
 // stream) or whose tiles are cheaper (an M-grouped tile past its expert's end) then simply takes
 // fewer tiles, instead of finishing its fixed share after everyone else. Each tile is still
 // computed whole by one CTA in the same order of operations, so which CTA takes it does not move
@@ -29,10 +28,7 @@ namespace gemm {
 // SHUFFLE (static only; an A/B of Sm90Config.STATIC_SHUFFLE): CTA b starts at tile pi(b), a fixed
 // permutation of [0, gridDim.x), then steps by gridDim.x as before: each round runs the same tiles
 // as the plain static order, but neighbouring CTAs hold unrelated tiles, as claimed tiles do.
-// SM_ORDER (static only; an A/B of Sm90Config.SM_ORDER): CTA b starts at tile order[its SM], a
-// table the host made from the GPU's SMs grouped by GPC (bench/placement.py), so that the CTAs
-// of one GPC take consecutive tiles. Only for a grid of one CTA on every SM the table covers.
-template <bool DYNAMIC, bool SHUFFLE = false, bool SM_ORDER = false>
+template <bool DYNAMIC, bool SHUFFLE = false>
 struct TileFeed {
   static constexpr int SLOTS = 4;  // the producer may run this many tiles ahead of the slowest reader
   static constexpr int BYTES = SLOTS * (4 + 8 + 8) + 16;
@@ -45,11 +41,10 @@ struct TileFeed {
   u64* empty;
   volatile int* producer_tile;  // thread 0's claim, for a cp.async producer's other threads
   int* counter;
-  const int* sm_order;
 
-  __device__ TileFeed(u8* at, int* tile_counter, const int* order = nullptr)
+  __device__ TileFeed(u8* at, int* tile_counter)
       : slot((int*)at), full((u64*)(at + 4 * SLOTS)), empty(full + SLOTS),
-        producer_tile((volatile int*)(empty + SLOTS)), counter(tile_counter), sm_order(order) {}
+        producer_tile((volatile int*)(empty + SLOTS)), counter(tile_counter) {}
 
   __device__ void init(int readers) const {  // one thread, before the CTA's first barrier
     if constexpr (!DYNAMIC) return;
@@ -59,14 +54,8 @@ struct TileFeed {
     }
   }
 
-  // The producer's thread 0: the CTA's first tile, and the one after tile t: claimed then, or
-  // (dynamic) the tile of a ticket claimed earlier (claim(): its round trip overlaps the loads).
+  // The producer's thread 0: the CTA's first tile, and the one after tile t.
   __device__ int start() const {
-    if constexpr (SM_ORDER && !DYNAMIC) {
-      u32 sm;
-      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-      return sm_order[sm];
-    }
     if constexpr (SHUFFLE && !DYNAMIC) {  // b -> b p mod grid, p a prime not dividing the grid
       const unsigned p = gridDim.x % 37 == 0 ? 41u : 37u;
       return (int)(blockIdx.x * p % gridDim.x);
@@ -74,9 +63,8 @@ struct TileFeed {
     return blockIdx.x;
   }
   __device__ int first() const { return start(); }
-  __device__ int claim() const { return atomicAdd(counter, 1); }
-  __device__ int after(int t, int ticket = -1) const {
-    if constexpr (DYNAMIC) return (int)gridDim.x + (ticket >= 0 ? ticket : claim());
+  __device__ int after(int t) const {
+    if constexpr (DYNAMIC) return (int)gridDim.x + atomicAdd(counter, 1);
     return t + (int)gridDim.x;
   }
 

@@ -42,8 +42,6 @@ if STORE_RING not in (0, 2):
 # Benchmarks only: Sm90Config fields forced onto every Hopper config choose() makes (tile studies;
 # the caller keeps the result within shared memory). Empty in normal use.
 CONFIG_OVERRIDE: dict = {}
-# Sm90Config.SM_ORDER's table (A/B only): int32 [SM id] -> the CTA's first static tile.
-SM_ORDER_TABLE = None
 # k_splits with a bf16 or SwiGLU epilogue: the pieces of a tile form a thread-block cluster and are
 # summed over DSMEM before the epilogue (Cfg::SPLIT_CLUSTER). 0: the fp32 pieces go through
 # global memory and the caller's kernel instead (A/B; see gpu/sol080.py).
@@ -118,14 +116,12 @@ class GemmParams(ctypes.Structure):
         # The Hopper loop's persistent order starts at this tile (ungrouped GEMMs; see
         # _heavy_tiles_rotation).
         ("tile_rotation", ctypes.c_int32),
-        # Sm90Config.SM_ORDER (A/B): each SM's first static tile (SM_ORDER_TABLE).
-        ("sm_order", ctypes.c_void_p),
     ]
     _c_types_ = ["const void*", "const void*", "i64", "i64", "i64", "int", "int", "int", "void*", "i64",
                  "i64", "int", "int", "const int*", "int", "const int*", "const int*", "int",
                  "const void*", "const void*", "const void*", "const float*", "const int*", "void*", "void*",
                  "void*", "float*", "int", "int", "i64", "const int*", "int*",
-                 "void*", "i64", "int", "int", "const int*"]
+                 "void*", "i64", "int", "int"]
 
 
 @dataclass(frozen=True)
@@ -203,11 +199,7 @@ class Sm90Config:
     ROW_SPLIT: bool = False  # the result's first rows as fp32 elsewhere (gemm(f32_head))
     SEG_ROWS: bool = False  # segments with rows of their own (Segment.m), a rotated tile order
     DYNAMIC: bool = False  # tiles claimed as the CTAs go (DYNAMIC_TILES; GemmParams.tile_counter)
-    CLAIM_LEAD: int = 4  # DYNAMIC: the next tile is claimed when this many of the current tile's
-    # loads are left to issue, so the claim's round trip hides behind them (0: after its last
-    # load, where the producer waited for it with the stages draining; the same bits either way)
     BAND_M: int = 1  # ungrouped, unsplit tiles in bands of this many row tiles (scheduler.cuh; band_rows)
-    SM_ORDER: bool = False  # static tiles by the CTA's SM (SM_ORDER_TABLE; A/B: bench/placement.py)
     STATIC_SHUFFLE: bool = False  # static tiles with neighbouring CTAs on unrelated tiles (tile_feed.cuh;
     # A/B through CONFIG_OVERRIDE only: bench/claims_cost.py)
     C_TRANS: bool = False  # the result stored transposed (gemm(out_transposed)), by TMA
@@ -677,8 +669,6 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
     P = GemmSm90Params()
     P.base = p
     P.base.tile_counter = counter
-    if cfg.SM_ORDER:
-        P.base.sm_order = SM_ORDER_TABLE.data.ptr
     if c_tma:
         c_groups = num_groups if grouping == "k" else 1
         # The map is the stored array's: C's, or with C_TRANS C^T's (n rows of m).
