@@ -6,7 +6,8 @@ operand (bench/NOTES.md v0.31: static tiles with neighbouring CTAs shuffled lost
    132-CTA launch lands on (three launches).
 2. One GEMM per shape (claims_cost.problems), static, in these orders, interleaved over --rounds, L2
    flushed, median of --reps (us), each bit for bit against the first: the plain order, its
-   neighbouring CTAs shuffled, and bands of 2, 4 and 8 row tiles (Sm90Config.BAND_M).
+   neighbouring CTAs shuffled, bands of 2, 4 and 8 row tiles (Sm90Config.BAND_M), claims from one
+   counter, and claims from the CTA's GPC's region first (Sm90Config.GPC_CLAIMS, gemm.GPC_TABLE).
 (v0.31, H200: blockIdx 8-119 fill GPCs of 16 SMs in turn, so the plain order already gives a GPC
 consecutive tiles; a table that ordered CTAs by their SM's GPC timed the same and was dropped.)
 Usage (device): PYTHONPATH=. python bench/placement.py [--reps 20] [--rounds 2] [--shapes ...]"""
@@ -31,6 +32,10 @@ extern "C" __global__ void where(unsigned* out) {
   }
   const long long t0 = clock64();
   while (clock64() - t0 < 100000) {}  // hold the SM, so that the grid's CTAs are resident together
+}
+extern "C" __global__ void hog(long long cycles) {  // one CTA an SM (its shared memory), busy a while
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) {}
 }
 """
 _NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute
@@ -75,7 +80,7 @@ def gpc_map(cp, sms):
     for s in range(sms):
         groups.setdefault(find(s), []).append(s)
     plain = [run(sms, 1)[:, 0].tolist() for _ in range(3)]
-    return sorted(groups.values()), plain
+    return sorted(groups.values()), plain, mod
 
 
 def main():
@@ -88,9 +93,11 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--shapes", default="wd8192,act8192,wd2053,act2053")
+    ap.add_argument("--hog", default="", help="N:US also times each mode while N SMs stay busy for "
+                    "US us from the GEMM's launch on (a kernel on another stream), its CTAs starting late")
     args = ap.parse_args()
     sms = device_sms()
-    gpcs, plain = gpc_map(cp, sms)
+    gpcs, plain, probe = gpc_map(cp, sms)
     print(f"{len(gpcs)} GPCs, sizes {[len(g) for g in gpcs]}")
     for g in gpcs:
         print("  GPC:", g)
@@ -98,19 +105,46 @@ def main():
     for launch in plain:
         print("blockIdx -> SM:", launch)
         print("blockIdx -> GPC:", [gpc_of[s] for s in launch])
+    table = np.zeros(64 + 1024, np.int32)  # gemm.GPC_TABLE: the regions' SM prefix, each SM's region
+    table[0] = len(gpcs)
+    table[1:2 + len(gpcs)] = np.concatenate([[0], np.cumsum([len(g) for g in gpcs])])
+    for r, g in enumerate(gpcs):
+        table[64 + np.array(g)] = r
+    G.GPC_TABLE = cp.asarray(table)
 
     measure = timer(args.reps)
+    hogged = None
+    if args.hog:
+        from cupy_moe import _launch
+
+        n_hog, us = (float(v) for v in args.hog.split(":"))
+        side, ready = cp.cuda.Stream(non_blocking=True), cp.cuda.Event()
+        lead_ms = 0.02  # the main stream spins this long after the flush, so the hog's CTAs land first
+
+        def hog(flush):
+            flush.fill(1.0)
+            ready.record()
+            side.wait_event(ready)
+            with side:
+                _launch.launch(probe, "hog", (int(n_hog),), (32,), [_launch.i64((us / 1e3 + lead_ms) * 2e9 / 1e3)],
+                               200 * 1024)
+
+        hog_measure = timer(args.reps, hold_ms=lead_ms)
+        hogged = lambda fn: hog_measure(fn, before=hog)
     modes = [("static", {}), ("shuffled", {"STATIC_SHUFFLE": True}), ("band2", {"BAND_M": 2}),
-             ("band4", {"BAND_M": 4}), ("band8", {"BAND_M": 8})]
+             ("band4", {"BAND_M": 4}), ("band8", {"BAND_M": 8}), ("claims", {"DYNAMIC": True}),
+             ("gpc-claims", {"DYNAMIC": True, "GPC_CLAIMS": True})]
     made = problems(cp, args.shapes.split(","))
     times = {(s, m): [] for s in made for m, _ in modes}
+    hog_times = {(s, m): [] for s in made for m, _ in modes}
     for r in range(args.rounds):
         for name, (kw, out) in made.items():
             first = None
             order_ = modes if r % 2 == 0 else modes[::-1]
             for mode, override in order_:
-                G.CONFIG_OVERRIDE = override
-                run = lambda: G.gemm(dynamic=False, **kw)
+                dynamic = override.get("DYNAMIC", False)
+                G.CONFIG_OVERRIDE = {k: v for k, v in override.items() if k != "DYNAMIC"}
+                run = lambda: G.gemm(dynamic=dynamic, **kw)
                 out.fill(np.nan)
                 run()
                 bits = out.view(cp.uint16).copy()
@@ -121,12 +155,21 @@ def main():
                     times[name, mode].append(float("nan"))
                     continue
                 times[name, mode].append(measure(run))
+                if hogged:
+                    hog_times[name, mode].append(hogged(run))
+                out.fill(np.nan)  # (claims' counters left as they must be after every launch)
+                run()
+                if not bool((out.view(cp.uint16) == first).all()):
+                    print(f"{name} {mode}: NOT the bits after the timed launches")
     G.CONFIG_OVERRIDE = {}
-    print(f"{'shape':>10} " + " ".join(f"{m:>9}" for m, _ in modes) + "   (us, median of rounds' medians)")
-    for name in made:
-        row = [float(np.median(times[name, m])) for m, _ in modes]
-        print(f"{name:>10} " + " ".join(f"{v:9.1f}" for v in row))
-        print(f"{'':>10} " + " ".join(f"{100 * (v / row[0] - 1):+8.1f}%" for v in row))
+    for title, table_ in (("", times), (f" with {args.hog} (N SMs : us) busy from the launch", hog_times)):
+        if not all(table_.values()):
+            continue
+        print(f"{'shape':>10} " + " ".join(f"{m:>10}" for m, _ in modes) + f"   (us, median of rounds' medians){title}")
+        for name in made:
+            row = [float(np.median(table_[name, m])) for m, _ in modes]
+            print(f"{name:>10} " + " ".join(f"{v:10.1f}" for v in row))
+            print(f"{'':>10} " + " ".join(f"{100 * (v / row[0] - 1):+9.1f}%" for v in row))
 
 
 if __name__ == "__main__":

@@ -46,7 +46,11 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const Schedule
   if (!L::CPA && tid != 0) return;  // TMA needs one thread
   int stage = 0, issued = 0;
   u32 phase = 0;
-  int claimed = feed.first();  // static, a cp.async producer's threads each walk the order
+  GpcClaims gpc;
+  if constexpr (Cfg::GPC_CLAIMS)
+    if (tid == 0) gpc = GpcClaims(p.gpc_table, p.tile_counter);
+  int claimed = Cfg::GPC_CLAIMS && tid == 0 ? gpc.claim(sched.total) : feed.first();  // static, a
+  // cp.async producer's threads each walk the order
   for (int i = 0;; ++i) {
     if (tid == 0) feed.publish(i, claimed);
     const int t = L::CPA ? feed.to_producer(claimed, tid) : claimed;
@@ -97,9 +101,10 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const Schedule
         if (++stage == Cfg::STAGES) { stage = 0; phase ^= 1; }
       }
     }
-    if (tid == 0 || !Cfg::DYNAMIC) claimed = feed.after(t);  // (dynamic: thread 0 claims for all)
+    if (tid == 0 || !Cfg::DYNAMIC)  // (dynamic: thread 0 claims for all)
+      claimed = Cfg::GPC_CLAIMS ? gpc.claim(sched.total) : feed.after(t);
   }
-  if (tid == 0) feed.done();
+  if (tid == 0 && feed.done() && Cfg::GPC_CLAIMS) gpc.reset();
   if constexpr (L::CPA) {
     cp_async_wait<0>();
     fence_proxy_async();

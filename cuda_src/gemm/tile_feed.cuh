@@ -100,14 +100,74 @@ struct TileFeed {
   }
   static constexpr int PRODUCER_BARRIER = 8;  // (1 .. 6: the main loop's own)
 
-  // The producer's thread 0, after publishing its last entry (an index past the tiles).
-  __device__ void done() const {
-    if constexpr (!DYNAMIC) return;
+  // The producer's thread 0, after publishing its last entry (an index past the tiles). True in
+  // the last CTA to get here (every claim of the launch has been made).
+  __device__ bool done() const {
+    if constexpr (!DYNAMIC) return false;
     __threadfence();  // this CTA's claims are performed before it counts itself done
     if (atomicAdd(counter + 1, 1) == (int)gridDim.x - 1) {
       counter[0] = 0;  // every CTA has made its last claim
       counter[1] = 0;
+      return true;
     }
+    return false;
+  }
+};
+
+// GPC-local claims (an A/B of Sm90Config.GPC_CLAIMS, with DYNAMIC): the tiles are cut into one
+// contiguous region per GPC, sized by its SMs. A CTA claims from the front of its own GPC's
+// region, so the CTAs of a GPC run consecutive tiles together as in the static order (whose
+// operand sharing within a GPC one global claim counter loses: bench/NOTES.md v0.31), and once
+// that is exhausted, from the back of the region with the most tiles left. A region's claims are
+// one 64-bit word (front count low, back count high) to which every claim adds 1, so exactly the
+// first `len` claims of either side are valid, and they take disjoint tiles.
+// table: [0] the regions R, [1 + r] the SMs of the regions before r (r = 0 .. R), [64 + SM id]
+// the region of an SM. words: R zeroed counters of the launch's own (after its TileFeed pair);
+// the last CTA done zeroes them.
+struct GpcClaims {
+  const int* table;
+  u64* words;
+  int region;
+  bool own_left = true;
+
+  __device__ GpcClaims() : table(nullptr), words(nullptr), region(0) {}
+  __device__ GpcClaims(const int* t, int* counter) : table(t), words((u64*)(counter + 2)) {
+    u32 sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    region = t[64 + sm];
+  }
+  __device__ int lo(int r, int total) const {
+    return (int)((long long)total * table[1 + r] / table[1 + table[0]]);
+  }
+  __device__ int take(int r, u64 add, int total) const {  // the tile claimed, or -1
+    const u64 old = atomicAdd(&words[r], add);
+    const int f = (int)(old & 0xffffffffu), b = (int)(old >> 32);
+    const int a = lo(r, total), len = lo(r + 1, total) - a;
+    return f + b >= len ? -1 : add == 1ull ? a + f : a + len - 1 - b;
+  }
+  __device__ int claim(int total) {
+    if (own_left) {
+      const int t = take(region, 1ull, total);
+      if (t >= 0) return t;
+      own_left = false;
+    }
+    for (;;) {
+      int best = -1, most = 0;
+      for (int r = 0; r < table[0]; ++r) {
+        const u64 w = *(volatile u64*)&words[r];
+        const int left = lo(r + 1, total) - lo(r, total) - (int)(w & 0xffffffffu) - (int)(w >> 32);
+        if (left > most) {
+          most = left;
+          best = r;
+        }
+      }
+      if (best < 0) return total;
+      const int t = take(best, 1ull << 32, total);
+      if (t >= 0) return t;
+    }
+  }
+  __device__ void reset() const {
+    for (int r = 0; r < table[0]; ++r) words[r] = 0;
   }
 };
 

@@ -42,6 +42,9 @@ if STORE_RING not in (0, 2):
 # Benchmarks only: Sm90Config fields forced onto every Hopper config choose() makes (tile studies;
 # the caller keeps the result within shared memory). Empty in normal use.
 CONFIG_OVERRIDE: dict = {}
+# Sm90Config.GPC_CLAIMS's table (A/B only; tile_feed.cuh GpcClaims): int32, [0] regions R,
+# [1 + r] the SMs before region r (r = 0 .. R), [64 + SM id] the SM's region.
+GPC_TABLE = None
 # k_splits with a bf16 or SwiGLU epilogue: the pieces of a tile form a thread-block cluster and are
 # summed over DSMEM before the epilogue (Cfg::SPLIT_CLUSTER). 0: the fp32 pieces go through
 # global memory and the caller's kernel instead (A/B; see gpu/sol080.py).
@@ -116,12 +119,14 @@ class GemmParams(ctypes.Structure):
         # The Hopper loop's persistent order starts at this tile (ungrouped GEMMs; see
         # _heavy_tiles_rotation).
         ("tile_rotation", ctypes.c_int32),
+        # Sm90Config.GPC_CLAIMS (A/B): the SMs' GPC regions (GPC_TABLE; cuda_src/gemm/tile_feed.cuh).
+        ("gpc_table", ctypes.c_void_p),
     ]
     _c_types_ = ["const void*", "const void*", "i64", "i64", "i64", "int", "int", "int", "void*", "i64",
                  "i64", "int", "int", "const int*", "int", "const int*", "const int*", "int",
                  "const void*", "const void*", "const void*", "const float*", "const int*", "void*", "void*",
                  "void*", "float*", "int", "int", "i64", "const int*", "int*",
-                 "void*", "i64", "int", "int"]
+                 "void*", "i64", "int", "int", "const int*"]
 
 
 @dataclass(frozen=True)
@@ -200,6 +205,8 @@ class Sm90Config:
     SEG_ROWS: bool = False  # segments with rows of their own (Segment.m), a rotated tile order
     DYNAMIC: bool = False  # tiles claimed as the CTAs go (DYNAMIC_TILES; GemmParams.tile_counter)
     BAND_M: int = 1  # ungrouped, unsplit tiles in bands of this many row tiles (scheduler.cuh; band_rows)
+    GPC_CLAIMS: bool = False  # DYNAMIC: claims from the CTA's GPC's region first (GPC_TABLE; A/B only:
+    # bench/placement.py)
     STATIC_SHUFFLE: bool = False  # static tiles with neighbouring CTAs on unrelated tiles (tile_feed.cuh;
     # A/B through CONFIG_OVERRIDE only: bench/claims_cost.py)
     C_TRANS: bool = False  # the result stored transposed (gemm(out_transposed)), by TMA
@@ -669,6 +676,10 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
     P = GemmSm90Params()
     P.base = p
     P.base.tile_counter = counter
+    if cfg.GPC_CLAIMS:
+        assert cfg.DYNAMIC and GPC_TABLE is not None, "GPC_CLAIMS: claims and a GPC_TABLE (A/B only)"
+        P.base.gpc_table = GPC_TABLE.data.ptr
+        P.base.tile_counter = _gpc_counter()
     if c_tma:
         c_groups = num_groups if grouping == "k" else 1
         # The map is the stored array's: C's, or with C_TRANS C^T's (n rows of m).
@@ -745,6 +756,22 @@ def _tile_counter() -> int:
     counters, pair = entry
     entry[1] = (pair + 1) % _COUNTER_PAIRS
     return counters.data.ptr + 8 * pair
+
+
+_gpc_counters = []  # [zeroed int32 slots of 64, the next to give] (GPC_CLAIMS, A/B only)
+
+
+def _gpc_counter() -> int:
+    """A zeroed slot of 64 ints of a prepared launch's own: the TileFeed pair, then up to 31
+    regions' 64-bit claim words (the kernel leaves them zeroed)."""
+    import cupy
+
+    if not _gpc_counters:
+        _gpc_counters.extend([cupy.zeros((4096, 64), cupy.int32), 0])
+        cupy.cuda.get_current_stream().synchronize()
+    slots, i = _gpc_counters
+    _gpc_counters[1] = (i + 1) % len(slots)
+    return slots.data.ptr + 256 * i
 
 
 def _heavy_tiles_rotation(tiles: int, ctas: int, heavy: int) -> int:
