@@ -7,7 +7,8 @@ operand (bench/NOTES.md v0.31: static tiles with neighbouring CTAs shuffled lost
 2. One GEMM per shape (claims_cost.problems), static, in these orders, interleaved over --rounds, L2
    flushed, median of --reps (us), each bit for bit against the first: the plain order, its
    neighbouring CTAs shuffled, bands of 2, 4 and 8 row tiles (Sm90Config.BAND_M), claims from one
-   counter, and claims from the CTA's GPC's region first (Sm90Config.GPC_CLAIMS, gemm.GPC_TABLE).
+   counter, and each CTA's static tiles claimed first, then others' from the back
+   (Sm90Config.OWNED_CLAIMS).
 (v0.31, H200: blockIdx 8-119 fill GPCs of 16 SMs in turn, so the plain order already gives a GPC
 consecutive tiles; a table that ordered CTAs by their SM's GPC timed the same and was dropped.)
 Usage (device): PYTHONPATH=. python bench/placement.py [--reps 20] [--rounds 2] [--shapes ...]"""
@@ -93,6 +94,7 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--shapes", default="wd8192,act8192,wd2053,act2053")
+    ap.add_argument("--modes", default="", help="a comma list of the modes to run (default: all)")
     ap.add_argument("--hog", default="", help="N:US also times each mode while N SMs stay busy for "
                     "US us from the GEMM's launch on (a kernel on another stream), its CTAs starting late")
     args = ap.parse_args()
@@ -105,13 +107,6 @@ def main():
     for launch in plain:
         print("blockIdx -> SM:", launch)
         print("blockIdx -> GPC:", [gpc_of[s] for s in launch])
-    table = np.zeros(64 + 1024, np.int32)  # gemm.GPC_TABLE: the regions' SM prefix, each SM's region
-    table[0] = len(gpcs)
-    table[1:2 + len(gpcs)] = np.concatenate([[0], np.cumsum([len(g) for g in gpcs])])
-    for r, g in enumerate(gpcs):
-        table[64 + np.array(g)] = r
-    G.GPC_TABLE = cp.asarray(table)
-
     measure = timer(args.reps)
     hogged = None
     if args.hog:
@@ -133,7 +128,9 @@ def main():
         hogged = lambda fn: hog_measure(fn, before=hog)
     modes = [("static", {}), ("shuffled", {"STATIC_SHUFFLE": True}), ("band2", {"BAND_M": 2}),
              ("band4", {"BAND_M": 4}), ("band8", {"BAND_M": 8}), ("claims", {"DYNAMIC": True}),
-             ("gpc-claims", {"DYNAMIC": True, "GPC_CLAIMS": True})]
+             ("owned", {"DYNAMIC": True, "OWNED_CLAIMS": True})]
+    if args.modes:
+        modes = [m for m in modes if m[0] in args.modes.split(",")]
     made = problems(cp, args.shapes.split(","))
     times = {(s, m): [] for s in made for m, _ in modes}
     hog_times = {(s, m): [] for s in made for m, _ in modes}

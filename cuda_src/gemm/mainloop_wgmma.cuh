@@ -46,10 +46,10 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const Schedule
   if (!L::CPA && tid != 0) return;  // TMA needs one thread
   int stage = 0, issued = 0;
   u32 phase = 0;
-  GpcClaims gpc;
-  if constexpr (Cfg::GPC_CLAIMS)
-    if (tid == 0) gpc = GpcClaims(p.gpc_table, p.tile_counter);
-  int claimed = Cfg::GPC_CLAIMS && tid == 0 ? gpc.claim(sched.total) : feed.first();  // static, a
+  OwnedClaims owned;
+  if constexpr (Cfg::OWNED_CLAIMS)
+    if (tid == 0) owned = OwnedClaims(p.tile_counter, p.claim_flags);
+  int claimed = Cfg::OWNED_CLAIMS && tid == 0 ? owned.claim(sched.total) : feed.first();  // static, a
   // cp.async producer's threads each walk the order
   for (int i = 0;; ++i) {
     if (tid == 0) feed.publish(i, claimed);
@@ -102,9 +102,9 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const Schedule
       }
     }
     if (tid == 0 || !Cfg::DYNAMIC)  // (dynamic: thread 0 claims for all)
-      claimed = Cfg::GPC_CLAIMS ? gpc.claim(sched.total) : feed.after(t);
+      claimed = Cfg::OWNED_CLAIMS ? owned.claim(sched.total) : feed.after(t);
   }
-  if (tid == 0 && feed.done() && Cfg::GPC_CLAIMS) gpc.reset();
+  if (tid == 0 && feed.done() && Cfg::OWNED_CLAIMS) owned.finish();
   if constexpr (L::CPA) {
     cp_async_wait<0>();
     fence_proxy_async();

@@ -114,60 +114,42 @@ struct TileFeed {
   }
 };
 
-// GPC-local claims (an A/B of Sm90Config.GPC_CLAIMS, with DYNAMIC): the tiles are cut into one
-// contiguous region per GPC, sized by its SMs. A CTA claims from the front of its own GPC's
-// region, so the CTAs of a GPC run consecutive tiles together as in the static order (whose
-// operand sharing within a GPC one global claim counter loses: bench/NOTES.md v0.31), and once
-// that is exhausted, from the back of the region with the most tiles left. A region's claims are
-// one 64-bit word (front count low, back count high) to which every claim adds 1, so exactly the
-// first `len` claims of either side are valid, and they take disjoint tiles.
-// table: [0] the regions R, [1 + r] the SMs of the regions before r (r = 0 .. R), [64 + SM id]
-// the region of an SM. words: R zeroed counters of the launch's own (after its TileFeed pair);
-// the last CTA done zeroes them.
-struct GpcClaims {
-  const int* table;
-  u64* words;
-  int region;
-  bool own_left = true;
+// Owned claims (an A/B of Sm90Config.OWNED_CLAIMS, with DYNAMIC): CTA b owns the static order's
+// tiles b, b + G, ... and takes them in turn; a CTA whose own tiles are gone takes tickets from
+// the back of the whole order (the last round's tiles first). A tile goes to whoever first raises
+// its flag to this launch's epoch (atomicMax), so an owner and a thief never both run it.
+// Undisturbed, every CTA runs its static tiles, with the static order's locality (the CTAs of a
+// GPC, consecutive blockIdx, hold consecutive tiles; one claim counter loses that: bench/NOTES.md
+// v0.31); started late, a CTA's last tiles go to CTAs that are done.
+// counter (the launch's own slot, after TileFeed's pair): [2] the last launch's epoch, [3] back
+// tickets, [4] tiles taken; flags: one int a tile, of the launch's own, never reset (epochs).
+struct OwnedClaims {
+  int* counter;
+  int* flags;
+  int epoch, next_own;
 
-  __device__ GpcClaims() : table(nullptr), words(nullptr), region(0) {}
-  __device__ GpcClaims(const int* t, int* counter) : table(t), words((u64*)(counter + 2)) {
-    u32 sm;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    region = t[64 + sm];
-  }
-  __device__ int lo(int r, int total) const {
-    return (int)((long long)total * table[1 + r] / table[1 + table[0]]);
-  }
-  __device__ int take(int r, u64 add, int total) const {  // the tile claimed, or -1
-    const u64 old = atomicAdd(&words[r], add);
-    const int f = (int)(old & 0xffffffffu), b = (int)(old >> 32);
-    const int a = lo(r, total), len = lo(r + 1, total) - a;
-    return f + b >= len ? -1 : add == 1ull ? a + f : a + len - 1 - b;
+  __device__ OwnedClaims() : counter(nullptr), flags(nullptr), epoch(0), next_own(0) {}
+  __device__ OwnedClaims(int* c, int* f)
+      : counter(c), flags(f), epoch(1 + *(volatile int*)(c + 2)), next_own(blockIdx.x) {}
+  __device__ bool take(int t) const {
+    if (atomicMax(&flags[t], epoch) >= epoch) return false;
+    atomicAdd(counter + 4, 1);
+    return true;
   }
   __device__ int claim(int total) {
-    if (own_left) {
-      const int t = take(region, 1ull, total);
-      if (t >= 0) return t;
-      own_left = false;
-    }
+    for (; next_own < total; next_own += gridDim.x)
+      if (take(next_own)) return (next_own += gridDim.x) - gridDim.x;
     for (;;) {
-      int best = -1, most = 0;
-      for (int r = 0; r < table[0]; ++r) {
-        const u64 w = *(volatile u64*)&words[r];
-        const int left = lo(r + 1, total) - lo(r, total) - (int)(w & 0xffffffffu) - (int)(w >> 32);
-        if (left > most) {
-          most = left;
-          best = r;
-        }
-      }
-      if (best < 0) return total;
-      const int t = take(best, 1ull << 32, total);
-      if (t >= 0) return t;
+      if (*(volatile int*)(counter + 4) >= total) return total;  // every tile is taken
+      const int t = total - 1 - atomicAdd(counter + 3, 1);
+      if (t < 0) return total;
+      if (take(t)) return t;
     }
   }
-  __device__ void reset() const {
-    for (int r = 0; r < table[0]; ++r) words[r] = 0;
+  __device__ void finish() const {  // the last CTA done: the next launch's epoch and counts
+    counter[3] = 0;
+    counter[4] = 0;
+    counter[2] = epoch;
   }
 };
 
