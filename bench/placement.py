@@ -6,9 +6,9 @@ operand (bench/NOTES.md v0.31: static tiles with neighbouring CTAs shuffled lost
    132-CTA launch lands on (three launches).
 2. One GEMM per shape (claims_cost.problems), static, in these orders, interleaved over --rounds, L2
    flushed, median of --reps (us), each bit for bit against the first: the plain order, its
-   neighbouring CTAs shuffled, bands of 2, 4 and 8 row tiles (Sm90Config.BAND_M), claims from one
-   counter, and each CTA's static tiles claimed first, then others' from the back
-   (Sm90Config.OWNED_CLAIMS).
+   neighbouring CTAs shuffled, bands of 2, 4 and 8 row tiles (Sm90Config.BAND_M), and claims
+   (gemm(dynamic=True)). --hog N:US times each mode again while N SMs stay busy on another stream
+   for US us from the launch (CTAs that start late: where claims pay).
 (v0.31, H200: blockIdx 8-119 fill GPCs of 16 SMs in turn, so the plain order already gives a GPC
 consecutive tiles; a table that ordered CTAs by their SM's GPC timed the same and was dropped.)
 Usage (device): PYTHONPATH=. python bench/placement.py [--reps 20] [--rounds 2] [--shapes ...]"""
@@ -127,8 +127,7 @@ def main():
         hog_measure = timer(args.reps, hold_ms=lead_ms)
         hogged = lambda fn: hog_measure(fn, before=hog)
     modes = [("static", {}), ("shuffled", {"STATIC_SHUFFLE": True}), ("band2", {"BAND_M": 2}),
-             ("band4", {"BAND_M": 4}), ("band8", {"BAND_M": 8}), ("claims", {"DYNAMIC": True}),
-             ("owned", {"DYNAMIC": True, "OWNED_CLAIMS": True})]
+             ("band4", {"BAND_M": 4}), ("band8", {"BAND_M": 8}), ("claims", {"DYNAMIC": True})]
     if args.modes:
         modes = [m for m in modes if m[0] in args.modes.split(",")]
     made = problems(cp, args.shapes.split(","))

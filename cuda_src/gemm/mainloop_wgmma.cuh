@@ -46,11 +46,7 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const Schedule
   if (!L::CPA && tid != 0) return;  // TMA needs one thread
   int stage = 0, issued = 0;
   u32 phase = 0;
-  OwnedClaims owned;
-  if constexpr (Cfg::OWNED_CLAIMS)
-    if (tid == 0) owned = OwnedClaims(p.tile_counter, p.claim_flags);
-  int claimed = Cfg::OWNED_CLAIMS && tid == 0 ? owned.claim(sched.total) : feed.first();  // static, a
-  // cp.async producer's threads each walk the order
+  int claimed = feed.first();  // static, a cp.async producer's threads each walk the order
   for (int i = 0;; ++i) {
     if (tid == 0) feed.publish(i, claimed);
     const int t = L::CPA ? feed.to_producer(claimed, tid) : claimed;
@@ -101,10 +97,9 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const Schedule
         if (++stage == Cfg::STAGES) { stage = 0; phase ^= 1; }
       }
     }
-    if (tid == 0 || !Cfg::DYNAMIC)  // (dynamic: thread 0 claims for all)
-      claimed = Cfg::OWNED_CLAIMS ? owned.claim(sched.total) : feed.after(t);
+    if (tid == 0 || !Cfg::DYNAMIC) claimed = feed.after(t);  // (dynamic: thread 0 claims for all)
   }
-  if (tid == 0 && feed.done() && Cfg::OWNED_CLAIMS) owned.finish();
+  if (tid == 0) feed.done();
   if constexpr (L::CPA) {
     cp_async_wait<0>();
     fence_proxy_async();

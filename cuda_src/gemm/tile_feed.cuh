@@ -100,56 +100,14 @@ struct TileFeed {
   }
   static constexpr int PRODUCER_BARRIER = 8;  // (1 .. 6: the main loop's own)
 
-  // The producer's thread 0, after publishing its last entry (an index past the tiles). True in
-  // the last CTA to get here (every claim of the launch has been made).
-  __device__ bool done() const {
-    if constexpr (!DYNAMIC) return false;
+  // The producer's thread 0, after publishing its last entry (an index past the tiles).
+  __device__ void done() const {
+    if constexpr (!DYNAMIC) return;
     __threadfence();  // this CTA's claims are performed before it counts itself done
     if (atomicAdd(counter + 1, 1) == (int)gridDim.x - 1) {
       counter[0] = 0;  // every CTA has made its last claim
       counter[1] = 0;
-      return true;
     }
-    return false;
-  }
-};
-
-// Owned claims (an A/B of Sm90Config.OWNED_CLAIMS, with DYNAMIC): CTA b owns the static order's
-// tiles b, b + G, ... and takes them in turn; a CTA whose own tiles are gone takes tickets from
-// the back of the whole order (the last round's tiles first). A tile goes to whoever first raises
-// its flag to this launch's epoch (atomicMax), so an owner and a thief never both run it.
-// Undisturbed, every CTA runs its static tiles, with the static order's locality (the CTAs of a
-// GPC, consecutive blockIdx, hold consecutive tiles; one claim counter loses that: bench/NOTES.md
-// v0.31); started late, a CTA's last tiles go to CTAs that are done.
-// counter (the launch's own slot, after TileFeed's pair): [2] the last launch's epoch, [3] back
-// tickets, [4] tiles taken; flags: one int a tile, of the launch's own, never reset (epochs).
-struct OwnedClaims {
-  int* counter;
-  int* flags;
-  int epoch, next_own;
-
-  __device__ OwnedClaims() : counter(nullptr), flags(nullptr), epoch(0), next_own(0) {}
-  __device__ OwnedClaims(int* c, int* f)
-      : counter(c), flags(f), epoch(1 + *(volatile int*)(c + 2)), next_own(blockIdx.x) {}
-  __device__ bool take(int t) const {
-    if (atomicMax(&flags[t], epoch) >= epoch) return false;
-    atomicAdd(counter + 4, 1);
-    return true;
-  }
-  __device__ int claim(int total) {
-    for (; next_own < total; next_own += gridDim.x)
-      if (take(next_own)) return (next_own += gridDim.x) - gridDim.x;
-    for (;;) {
-      if (*(volatile int*)(counter + 4) >= total) return total;  // every tile is taken
-      const int t = total - 1 - atomicAdd(counter + 3, 1);
-      if (t < 0) return total;
-      if (take(t)) return t;
-    }
-  }
-  __device__ void finish() const {  // the last CTA done: the next launch's epoch and counts
-    counter[3] = 0;
-    counter[4] = 0;
-    counter[2] = epoch;
   }
 };
 

@@ -116,14 +116,12 @@ class GemmParams(ctypes.Structure):
         # The Hopper loop's persistent order starts at this tile (ungrouped GEMMs; see
         # _heavy_tiles_rotation).
         ("tile_rotation", ctypes.c_int32),
-        # Sm90Config.OWNED_CLAIMS (A/B): a flag per tile (cuda_src/gemm/tile_feed.cuh OwnedClaims).
-        ("claim_flags", ctypes.c_void_p),
     ]
     _c_types_ = ["const void*", "const void*", "i64", "i64", "i64", "int", "int", "int", "void*", "i64",
                  "i64", "int", "int", "const int*", "int", "const int*", "const int*", "int",
                  "const void*", "const void*", "const void*", "const float*", "const int*", "void*", "void*",
                  "void*", "float*", "int", "int", "i64", "const int*", "int*",
-                 "void*", "i64", "int", "int", "int*"]
+                 "void*", "i64", "int", "int"]
 
 
 @dataclass(frozen=True)
@@ -202,8 +200,6 @@ class Sm90Config:
     SEG_ROWS: bool = False  # segments with rows of their own (Segment.m), a rotated tile order
     DYNAMIC: bool = False  # tiles claimed as the CTAs go (DYNAMIC_TILES; GemmParams.tile_counter)
     BAND_M: int = 1  # ungrouped, unsplit tiles in bands of this many row tiles (scheduler.cuh; band_rows)
-    OWNED_CLAIMS: bool = False  # DYNAMIC: each CTA takes its static tiles, then others' from the back
-    # (tile_feed.cuh OwnedClaims; A/B only: bench/placement.py)
     STATIC_SHUFFLE: bool = False  # static tiles with neighbouring CTAs on unrelated tiles (tile_feed.cuh;
     # A/B through CONFIG_OVERRIDE only: bench/claims_cost.py)
     C_TRANS: bool = False  # the result stored transposed (gemm(out_transposed)), by TMA
@@ -673,9 +669,6 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
     P = GemmSm90Params()
     P.base = p
     P.base.tile_counter = counter
-    if cfg.OWNED_CLAIMS:
-        assert cfg.DYNAMIC, "OWNED_CLAIMS: with claims (A/B only)"
-        P.base.tile_counter = _owned_counter()
     if c_tma:
         c_groups = num_groups if grouping == "k" else 1
         # The map is the stored array's: C's, or with C_TRANS C^T's (n rows of m).
@@ -707,11 +700,6 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
     ctas = even_round_ctas(tiles, sms) if even_rounds else min(tiles, sms)
     if max_ctas:
         ctas = min(ctas, max_ctas)
-    if cfg.OWNED_CLAIMS:  # (a flag per tile, kept as long as the process: A/B only)
-        import cupy
-
-        _owned_flags.append(cupy.zeros(max(tiles, 1), cupy.int32))
-        P.base.claim_flags = _owned_flags[-1].data.ptr
     if cfg.SEG_ROWS and grouping == "none" and not cfg.DYNAMIC:
         heavy = cdiv(max(s.m for s in segments), cfg.BM) * tiles_n
         P.base.tile_rotation = _heavy_tiles_rotation(tiles, ctas, heavy)
@@ -757,23 +745,6 @@ def _tile_counter() -> int:
     counters, pair = entry
     entry[1] = (pair + 1) % _COUNTER_PAIRS
     return counters.data.ptr + 8 * pair
-
-
-_owned_counters = []  # [zeroed int32 slots of 8, the next to give] (OWNED_CLAIMS, A/B only)
-_owned_flags = []
-
-
-def _owned_counter() -> int:
-    """A zeroed slot of 8 ints of a prepared launch's own: the TileFeed pair, then OwnedClaims'
-    epoch, tickets and count (the kernel leaves them as the next launch needs them)."""
-    import cupy
-
-    if not _owned_counters:
-        _owned_counters.extend([cupy.zeros((4096, 8), cupy.int32), 0])
-        cupy.cuda.get_current_stream().synchronize()
-    slots, i = _owned_counters
-    _owned_counters[1] = (i + 1) % len(slots)
-    return slots.data.ptr + 32 * i
 
 
 def _heavy_tiles_rotation(tiles: int, ctas: int, heavy: int) -> int:
