@@ -4,14 +4,16 @@ operand (bench/NOTES.md v0.31: static tiles with neighbouring CTAs shuffled lost
 1. The GPC map: thread-block clusters (every CTA of a cluster sits in one GPC) of 16, 8, 4 and 2
    CTAs, one CTA an SM, their SM ids joined into GPCs; and the SM each blockIdx of a plain
    132-CTA launch lands on (three launches).
-2. One GEMM per shape (claims_cost.problems), static, in these orders, interleaved over --rounds, L2
+2. One GEMM per shape (problems()), static, in these orders, interleaved over --rounds, L2
    flushed, median of --reps (us), each bit for bit against the first: the plain order, its
    neighbouring CTAs shuffled, bands of 2, 4 and 8 row tiles (Sm90Config.BAND_M), and claims
    (gemm(dynamic=True)). --hog N:US times each mode again while N SMs stay busy on another stream
    for US us from the launch (CTAs that start late: where claims pay).
 (v0.31, H200: blockIdx 8-119 fill GPCs of 16 SMs in turn, so the plain order already gives a GPC
 consecutive tiles; a table that ordered CTAs by their SM's GPC timed the same and was dropped.)
-Usage (device): PYTHONPATH=. python bench/placement.py [--reps 20] [--rounds 2] [--shapes ...]"""
+What claims cost one GEMM: `--modes static,shuffled,claims` (v0.31's claims_cost.py, folded in here).
+Usage (device): PYTHONPATH=. python bench/placement.py [--reps 20] [--rounds 2] [--shapes ...]
+[--modes static,claims,...] [--hog N:US]"""
 import argparse
 import os
 import sys
@@ -20,7 +22,55 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 from benchmark import timer  # noqa: E402
-from claims_cost import problems  # noqa: E402
+
+H, I, E = 4096, 1408, 128
+
+
+def problems(cp, names):
+    """name -> (gemm() keywords, output array): grad_Wd = g^T act (wdT), d_act with the fused SwiGLU
+    contract (actT), the dgrad-like dense product (dgT: [T, 2I + E] x [2I + E, H]), grad_[Wg; Wu]
+    (wguT: [T, 2I]^T x [T, H]) and the layer's M-grouped routed dgrad (mgrouped: 128 experts,
+    65536 balanced rows, N = 4096, K = 2816)."""
+    from cupy_moe import bfloat16
+    from cupy_moe.gpu.gemm import Segment, SwigluBackward
+
+    rng = cp.random.default_rng(31)
+    bf = lambda *s: (rng.standard_normal(s, dtype=cp.float32) * 0.5).astype(bfloat16)
+    made = {}
+    for name in names:
+        kind, T = name.rstrip("0123456789"), int(name[len(name.rstrip("0123456789")):] or 0)
+        if kind in ("wd", "wdpp"):  # (wdpp: on ping-pong consumers, as SOL-080 runs it up to T = 4096)
+            g, act, out = bf(T, H), bf(T, I), cp.empty((H, I), bfloat16)
+            kw = dict(m=H, n=I, segments=[Segment(g, H, act, I, k=T)], a_kmajor=False, b_kmajor=False,
+                      out=out, ldc=I, pingpong=kind == "wdpp")
+        elif kind == "act":
+            g, wd, gate, up = bf(T, H), bf(H, I), bf(T, I), bf(T, I)
+            out = cp.empty((T, 2 * I), bfloat16)
+            kw = dict(m=T, n=I, segments=[Segment(g, H, wd, I, k=H)], a_kmajor=True, b_kmajor=False,
+                      out=None, ldc=I, epilogue="swiglu_backward", engine="sm90",
+                      swiglu=SwigluBackward(gate=gate, up=up, dg=out, du=out.data.ptr + 2 * I,
+                                            ld_grad=2 * I, contract_rounding=True))
+        elif kind == "dg":
+            K = 2 * I + E
+            a, w, out = bf(T, K), bf(K, H), cp.empty((T, H), bfloat16)
+            kw = dict(m=T, n=H, segments=[Segment(a, K, w, H, k=K)], a_kmajor=True, b_kmajor=False,
+                      out=out, ldc=H)
+        elif kind == "wgu":
+            a, x, out = bf(T, 2 * I), bf(T, H), cp.empty((2 * I, H), bfloat16)
+            kw = dict(m=2 * I, n=H, segments=[Segment(a, 2 * I, x, H, k=T)], a_kmajor=False,
+                      b_kmajor=False, out=out, ldc=H)
+        elif kind == "mgrouped":
+            G, rows, K, N = 128, 65536, 2 * I, H
+            offs = cp.asarray(np.arange(G + 1, dtype=np.int32) * (rows // G))
+            a, w, out = bf(rows, K), bf(G, K, N), cp.empty((rows, N), bfloat16)
+            kw = dict(m=rows, n=N, segments=[Segment(a, K, w, N, k=K, b_group_stride=K * N)],
+                      a_kmajor=True, b_kmajor=False, out=out, ldc=N, grouping="m", group_offsets=offs,
+                      num_groups=G)
+        else:
+            raise SystemExit(f"unknown shape {name}")
+        made[name] = (kw, out)
+    return made
+
 
 PROBE = r"""
 extern "C" __global__ void where(unsigned* out) {
