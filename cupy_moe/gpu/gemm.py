@@ -46,13 +46,14 @@ CONFIG_OVERRIDE: dict = {}
 # summed over DSMEM before the epilogue (Cfg::SPLIT_CLUSTER). 0: the fp32 pieces go through
 # global memory and the caller's kernel instead (A/B; see gpu/sol080.py).
 SPLIT_CLUSTER = os.environ.get("CUPY_MOE_SPLIT_CLUSTER", "1") != "0"
-# Ungrouped, unsplit GEMMs walk their tiles in bands of BAND_ROWS row tiles (each band's columns
-# in turn, its rows fastest: Sm90Config.BAND_M), so that the 16 CTAs of a GPC, which take
+# Ungrouped, unsplit 128 x 256 GEMMs walk their tiles in bands of BAND_ROWS row tiles (each band's
+# columns in turn, its rows fastest: Sm90Config.BAND_M), so that the 16 CTAs of a GPC, which take
 # consecutive tiles, share four A row blocks and four B column blocks instead of one A row block
-# and sixteen of B (bench/NOTES.md v0.31: 1-3% a 128 x 256 GEMM alone, SOL-080 -0.5..-2.4 us on
-# the mean); grouped ones by BAND_GROUPED_ROWS (M-grouped over all row tiles, K-grouped within
-# each group). 1: the plain order. CUPY_MOE_BAND_ROWS / CUPY_MOE_BAND_GROUPED set them (A/B).
-BAND_ROWS = int(os.environ.get("CUPY_MOE_BAND_ROWS", "4"))  # 128 x 256 tiles
+# and sixteen of B (bench/NOTES.md v0.31: 1-3% a GEMM alone, SOL-080 -0.4..-1.5 us on the mean).
+# Narrower tiles (BAND_NARROW_ROWS) and grouped GEMMs (BAND_GROUPED_ROWS: M-grouped over all row
+# tiles, K-grouped within each group) gained nothing or lost, and keep the plain order (1).
+# CUPY_MOE_BAND_ROWS / _BAND_NARROW / _BAND_GROUPED set them (A/B).
+BAND_ROWS = int(os.environ.get("CUPY_MOE_BAND_ROWS", "4"))
 BAND_NARROW_ROWS = int(os.environ.get("CUPY_MOE_BAND_NARROW", "1"))
 BAND_GROUPED_ROWS = int(os.environ.get("CUPY_MOE_BAND_GROUPED", "1"))
 
@@ -201,7 +202,7 @@ class Sm90Config:
     DYNAMIC: bool = False  # tiles claimed as the CTAs go (DYNAMIC_TILES; GemmParams.tile_counter)
     BAND_M: int = 1  # ungrouped, unsplit tiles in bands of this many row tiles (scheduler.cuh; band_rows)
     STATIC_SHUFFLE: bool = False  # static tiles with neighbouring CTAs on unrelated tiles (tile_feed.cuh;
-    # A/B through CONFIG_OVERRIDE only: bench/claims_cost.py)
+    # A/B through CONFIG_OVERRIDE only: bench/placement.py)
     C_TRANS: bool = False  # the result stored transposed (gemm(out_transposed)), by TMA
     M_FASTEST: bool = False  # tiles in row-fastest order (A/B through CONFIG_OVERRIDE only)
     STORE_RING: int = 0  # C_TMA: 64 x 64 staging units per consumer warpgroup, reused as
@@ -617,10 +618,10 @@ def _sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stri
 
 
 def band_rows(cfg: Sm90Config) -> int:
-    """Sm90Config.BAND_M for a config (BAND_ROWS, BAND_GROUPED_ROWS): unsplit tiles in the
-    columns-fastest order only, and not where a static order is rotated to spread a segment's
-    heavy first rows (SEG_ROWS without claims: _heavy_tiles_rotation counts those rows' tiles
-    first)."""
+    """Sm90Config.BAND_M for a config (BAND_ROWS, BAND_NARROW_ROWS, BAND_GROUPED_ROWS): unsplit
+    tiles in the columns-fastest order only, and not where a static order is rotated to spread a
+    segment's heavy first rows (SEG_ROWS without claims: _heavy_tiles_rotation counts those rows'
+    tiles first)."""
     if cfg.SPLIT_K or cfg.SPLIT_CLUSTER or cfg.M_FASTEST or cfg.SEG_ROWS and not cfg.DYNAMIC:
         return 1
     return BAND_GROUPED_ROWS if cfg.GROUPING else BAND_ROWS if cfg.BN == 256 else BAND_NARROW_ROWS

@@ -279,8 +279,8 @@ class _Plan:
                    wgu_pingpong=_knob(WGU_PINGPONG, T <= _WGU_PINGPONG_MAX_T),
                    wd_transposed=_knob(WD_TRANSPOSED, T >= _WD_TRANSPOSED_MIN_T),
                    small_t_order=small_t_order, wd_first=wd_first, swiglu_sms=swiglu_sms,
-                   store_ring=gemm_module.STORE_RING, band_rows=(gemm_module.BAND_ROWS, gemm_module.BAND_NARROW_ROWS),
-                   dgrad_wide=dgrad_wide)
+                   store_ring=gemm_module.STORE_RING,
+                   band_rows=(gemm_module.BAND_ROWS, gemm_module.BAND_NARROW_ROWS), dgrad_wide=dgrad_wide)
 
 
 @dataclass(frozen=True)
