@@ -1,5 +1,5 @@
 """Where a persistent GEMM's CTAs sit, and whether it matters which SMs hold tiles that share an
-operand (bench/NOTES.md v0.31: static tiles with neighbouring CTAs shuffled lost 8-11% at the
+operand (bench/NOTES.md v0.31: static tiles with neighbouring CTAs shuffled lost 8-16% at the
 128 x 128 shapes, the L2 seeing 12-14% more requests for the same DRAM bytes).
 1. The GPC map: thread-block clusters (every CTA of a cluster sits in one GPC) of 16, 8, 4 and 2
    CTAs, one CTA an SM, their SM ids joined into GPCs; and the SM each blockIdx of a plain
