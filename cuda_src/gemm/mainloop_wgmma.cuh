@@ -49,7 +49,10 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const Schedule
   int claimed = feed.first();  // static, a cp.async producer's threads each walk the order
   for (int i = 0;; ++i) {
     if (tid == 0) feed.publish(i, claimed);
-    const int t = L::CPA ? feed.to_producer(claimed, tid) : claimed;
+    // A claimed index comes from an atomic: a per-thread register, so every TMA copy of the tile
+    // took a waterfall loop of R2UR conversions. Passed through a shuffle (a no-op: one lane), it
+    // is warp-uniform, and the tile's coordinates stay in uniform registers as a static tile's do.
+    const int t = L::CPA ? feed.to_producer(claimed, tid) : Cfg::DYNAMIC ? __shfl_sync(1u, claimed, 0) : claimed;
     if (t >= sched.total) break;
     const Tile tc = sched.tile(t);
     const int grp = Cfg::GROUPING == kMGrouped ? tc.group : 0;

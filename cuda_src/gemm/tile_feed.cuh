@@ -82,8 +82,7 @@ struct TileFeed {
     if constexpr (!DYNAMIC) return start() + i * (int)gridDim.x;
     const int s = i % SLOTS;
     mbar_wait(&full[s], (i / SLOTS) & 1);
-    const int t = slot[s];
-    __syncwarp();
+    const int t = __shfl_sync(0xffffffffu, slot[s], 0);  // (warp-uniform: see the producer)
     if (lane == 0) mbar_arrive(&empty[s]);
     return t;
   }
