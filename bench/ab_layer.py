@@ -5,8 +5,8 @@ A variant is a comma list of knob=value: dwdt=0|1 (gpu.layer.DWD_TRANSPOSED), sb
 shared expert's weight gradients side by side: gpu.side_by_side.MIN_GAIN_STEPS), ring=N
 (gpu.gemm.STORE_RING), band=N (gpu.gemm.BAND_ROWS), nband=N (gpu.gemm.BAND_NARROW_ROWS), gband=N (gpu.gemm.BAND_GROUPED_ROWS), kgrate=X (gpu.side_by_side.K_GROUPED_FLOP_PER_SM_US: the combine's SMs
 beside dWg through free_sms), f32tma=0|1 (gpu.gemm.F32_TMA), cfg.FIELD=N (gpu.gemm.CONFIG_OVERRIDE: that Sm90Config field on every
-Hopper GEMM; the caller keeps it within shared memory); "base" is the
-defaults. Usage (device): PYTHONPATH=. python bench/ab_layer.py [--T 8192] [--reps 10] base dwdt=0"""
+Hopper GEMM; the caller keeps it within shared memory); a knob a variant does not name keeps the
+library's value at start-up (bench/knobs.py), so "base" is the library's own setting. Usage (device): PYTHONPATH=. python bench/ab_layer.py [--T 8192] [--reps 10] base dwdt=0"""
 import argparse
 import os
 import sys
@@ -29,18 +29,18 @@ def main():
     ap.add_argument("variants", nargs="+")
     args = ap.parse_args()
 
-    def use(variant):
-        knobs = dict(kv.split("=") for kv in variant.split(",") if kv != "base")
-        layer.DWD_TRANSPOSED = knobs.pop("dwdt", "1") != "0"
-        side_by_side.MIN_GAIN_STEPS = 16 if knobs.pop("sbs", "1") != "0" else 1 << 30
-        gemm.STORE_RING = int(knobs.pop("ring", "2"))
-        gemm.BAND_ROWS = int(knobs.pop("band", "4"))
-        gemm.BAND_NARROW_ROWS = int(knobs.pop("nband", "1"))
-        gemm.BAND_GROUPED_ROWS = int(knobs.pop("gband", "1"))
-        gemm.F32_TMA = knobs.pop("f32tma", "1") != "0"
-        side_by_side.K_GROUPED_FLOP_PER_SM_US = float(knobs.pop("kgrate", "4.4e6"))
-        gemm.CONFIG_OVERRIDE = {k[4:]: int(knobs.pop(k)) for k in list(knobs) if k.startswith("cfg.")}
-        assert not knobs, f"unknown knobs {knobs}"
+    from knobs import Knob, Knobs, flag, integer
+
+    use = Knobs({
+        "dwdt": Knob(layer, "DWD_TRANSPOSED", flag),
+        "sbs": Knob(side_by_side, "MIN_GAIN_STEPS", lambda v, default: default if v != "0" else 1 << 30),
+        "ring": Knob(gemm, "STORE_RING", integer),
+        "band": Knob(gemm, "BAND_ROWS", integer),
+        "nband": Knob(gemm, "BAND_NARROW_ROWS", integer),
+        "gband": Knob(gemm, "BAND_GROUPED_ROWS", integer),
+        "f32tma": Knob(gemm, "F32_TMA", flag),
+        "kgrate": Knob(side_by_side, "K_GROUPED_FLOP_PER_SM_US", lambda v, _d: float(v)),
+    }).use
 
     cfg = cupy_moe.MoEConfig.glm45_air()
     _, ctx = cupy_moe.moe_forward(**make_moe_inputs(cfg, args.T, seed=0, xp=cp), config=cfg)

@@ -7,15 +7,15 @@ A variant is a comma list of knob=value: even=wd+wgu+dgrad (sol080.EVEN_ROUNDS),
 claims=auto|none|wd+wgu+dgrad (sol080.CLAIMS: the same bits), wgrad=auto|side|side-early|early
 (sol080.WGRAD_AT), pdl=0|1 (_launch.PDL), stack=0|1 (router.STACKED),
 cluster=0|1 (gemm.SPLIT_CLUSTER: every in-GEMM cluster sum), scluster=0|1 (sol080.SPLIT_CLUSTER:
-d_act's and the dgrad's), rcluster=0|1 (router.SUM_IN_GEMM: the router wgrad's), packed=0|1 (gemm.Sm90Config.PACKED_CONTRACT through
-CONFIG_OVERRIDE: the same bits), wide=0|1 (sol080.WIDE_D_ACT), dyn=grouped|all|none
+d_act's and the dgrad's), rcluster=0|1 (router.SUM_IN_GEMM: the router wgrad's), wide=0|1 (sol080.WIDE_D_ACT), dyn=grouped|all|none
 (gemm.DYNAMIC_TILES: the same bits), fwgrad=auto|0|1 (sol080.FUSED_WGRAD), wdpp=auto|0|1
 (sol080.WD_PINGPONG), wgupp=auto|0|1 (sol080.WGU_PINGPONG), wdt=auto|0|1
 (sol080.WD_TRANSPOSED), sto=auto|cap|wgu-main|"" (sol080.SMALL_T_ORDER; sto= for none), wdf=auto|0|1 (sol080.WD_FIRST),
 dgs=auto|k|1 (sol080.DGRAD_SPLITS), dgw=auto|0|1 (sol080.DGRAD_WIDE), sws=auto|N (sol080.SWIGLU_SMS), swst=N (the SwiGLU kernel's stages),
 ring=N (gemm.STORE_RING: the same bits), band=N (gemm.BAND_ROWS: the same bits), nband=N (gemm.BAND_NARROW_ROWS), gband=N (gemm.BAND_GROUPED_ROWS), cfg.FIELD=N (that Sm90Config field on every Hopper GEMM,
-through gemm.CONFIG_OVERRIDE);
-"base" is the defaults, e.g.
+through gemm.CONFIG_OVERRIDE; e.g. cfg.PACKED_CONTRACT=0, the same bits);
+a knob a variant does not name keeps the library's value at start-up (bench/knobs.py), so "base"
+is the library's own plan, e.g.
 `python bench/ab_sol080_plans.py base even=wgu wgrad=side-early pdl=0`.
 Usage (device): PYTHONPATH=. python bench/ab_sol080_plans.py [--reps 20] [--T 192,8192] VARIANT...
 """
@@ -48,40 +48,41 @@ def main():
     from cupy_moe import _launch
     from cupy_moe.gpu import gemm, router
 
-    def use(variant):
-        knobs = dict(kv.split("=") for kv in variant.split(",") if kv != "base")
-        sol080.EVEN_ROUNDS = frozenset(filter(None, knobs.pop("even", "").split("+")))
-        sol080.CLAIMS = knobs.pop("claims", "auto").replace("+", ",")
-        gemm.BAND_ROWS = int(knobs.pop("band", "4"))
-        gemm.BAND_NARROW_ROWS = int(knobs.pop("nband", "1"))
-        gemm.BAND_GROUPED_ROWS = int(knobs.pop("gband", "1"))
-        sol080.WGRAD_AT = knobs.pop("wgrad", "auto")
-        _launch.PDL = knobs.pop("pdl", "1") != "0"
-        router.STACKED = knobs.pop("stack", "1") != "0"
-        gemm.SPLIT_CLUSTER = knobs.pop("cluster", "1") != "0"
-        sol080.WIDE_D_ACT = knobs.pop("wide", "0") != "0"
-        sol080.SPLIT_CLUSTER = knobs.pop("scluster", "0") != "0"
-        router.SUM_IN_GEMM = knobs.pop("rcluster", "1") != "0"
-        gemm.CONFIG_OVERRIDE = {} if knobs.pop("packed", "1") != "0" else {"PACKED_CONTRACT": False}
-        gemm.CONFIG_OVERRIDE.update({k[4:]: int(knobs.pop(k)) for k in list(knobs) if k.startswith("cfg.")})
-        gemm.DYNAMIC_TILES = knobs.pop("dyn", "grouped")
-        sol080.FUSED_WGRAD = knobs.pop("fwgrad", "auto")
-        sol080.WD_PINGPONG = knobs.pop("wdpp", "auto")
-        sol080.WGU_PINGPONG = knobs.pop("wgupp", "auto")
-        sol080.WD_TRANSPOSED = knobs.pop("wdt", "0")
-        sol080.SMALL_T_ORDER = knobs.pop("sto", "auto")
-        sol080.WD_FIRST = knobs.pop("wdf", "auto")
-        sol080.DGRAD_SPLITS = knobs.pop("dgs", "auto")
-        sol080.DGRAD_WIDE = knobs.pop("dgw", "auto")
-        sol080.SWIGLU_SMS = knobs.pop("sws", "auto")
-        sol080._SWIGLU_STAGES = int(knobs.pop("swst", "3"))
-        gemm.STORE_RING = int(knobs.pop("ring", "2"))
-        assert not knobs, f"unknown knobs {knobs}"
+    from knobs import Knob, Knobs, flag, integer, text
+
+    plus_list = lambda v, _d: frozenset(filter(None, v.split("+")))  # noqa: E731
+    knobs = Knobs({
+        "even": Knob(sol080, "EVEN_ROUNDS", plus_list),
+        "claims": Knob(sol080, "CLAIMS", lambda v, _d: v.replace("+", ",")),
+        "band": Knob(gemm, "BAND_ROWS", integer),
+        "nband": Knob(gemm, "BAND_NARROW_ROWS", integer),
+        "gband": Knob(gemm, "BAND_GROUPED_ROWS", integer),
+        "wgrad": Knob(sol080, "WGRAD_AT", text),
+        "pdl": Knob(_launch, "PDL", flag),
+        "stack": Knob(router, "STACKED", flag),
+        "cluster": Knob(gemm, "SPLIT_CLUSTER", flag),
+        "wide": Knob(sol080, "WIDE_D_ACT", flag),
+        "scluster": Knob(sol080, "SPLIT_CLUSTER", flag),
+        "rcluster": Knob(router, "SUM_IN_GEMM", flag),
+        "dyn": Knob(gemm, "DYNAMIC_TILES", text),
+        "fwgrad": Knob(sol080, "FUSED_WGRAD", text),
+        "wdpp": Knob(sol080, "WD_PINGPONG", text),
+        "wgupp": Knob(sol080, "WGU_PINGPONG", text),
+        "wdt": Knob(sol080, "WD_TRANSPOSED", text),
+        "sto": Knob(sol080, "SMALL_T_ORDER", text),
+        "wdf": Knob(sol080, "WD_FIRST", text),
+        "dgs": Knob(sol080, "DGRAD_SPLITS", text),
+        "dgw": Knob(sol080, "DGRAD_WIDE", text),
+        "sws": Knob(sol080, "SWIGLU_SMS", text),
+        "swst": Knob(sol080, "_SWIGLU_STAGES", integer),
+        "ring": Knob(gemm, "STORE_RING", integer),
+    })
+    use = knobs.use
 
     def arith():  # the knobs that change the order of an fp32 sum or the SwiGLU kernel
         return (router.STACKED, sol080.WIDE_D_ACT, gemm.SPLIT_CLUSTER, sol080.SPLIT_CLUSTER,
                 router.SUM_IN_GEMM, sol080.FUSED_WGRAD, sol080.WD_PINGPONG, sol080.WGU_PINGPONG, sol080.WD_TRANSPOSED,
-                sol080.WD_FIRST, sol080.DGRAD_SPLITS, sol080.SWIGLU_SMS)  # (grad_Wd first: the router wgrad fused)
+                sol080.WD_FIRST, sol080.DGRAD_SPLITS, sol080.SMALL_T_ORDER, sol080.SWIGLU_SMS)  # (grad_Wd first: the router wgrad fused)
 
     table = {v: [] for v in args.variants}
     print(f"{'T':>6} " + " ".join(f"{v:>16}" for v in args.variants))
