@@ -50,9 +50,8 @@ def main():
 
     from knobs import Knob, Knobs, flag, integer, text
 
-    plus_list = lambda v, _d: frozenset(filter(None, v.split("+")))  # noqa: E731
-    knobs = Knobs({
-        "even": Knob(sol080, "EVEN_ROUNDS", plus_list),
+    use = Knobs({
+        "even": Knob(sol080, "EVEN_ROUNDS", lambda v, _d: frozenset(filter(None, v.split("+")))),
         "claims": Knob(sol080, "CLAIMS", lambda v, _d: v.replace("+", ",")),
         "band": Knob(gemm, "BAND_ROWS", integer),
         "nband": Knob(gemm, "BAND_NARROW_ROWS", integer),
@@ -76,8 +75,7 @@ def main():
         "sws": Knob(sol080, "SWIGLU_SMS", text),
         "swst": Knob(sol080, "_SWIGLU_STAGES", integer),
         "ring": Knob(gemm, "STORE_RING", integer),
-    })
-    use = knobs.use
+    }).use
 
     def arith():  # the knobs that change the order of an fp32 sum or the SwiGLU kernel
         return (router.STACKED, sol080.WIDE_D_ACT, gemm.SPLIT_CLUSTER, sol080.SPLIT_CLUSTER,
