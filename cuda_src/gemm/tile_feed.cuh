@@ -54,15 +54,14 @@ struct TileFeed {
     }
   }
 
-  // The producer's thread 0: the CTA's first tile, and the one after tile t.
-  __device__ int start() const {
+  // The producer's thread 0 (and, static, every reader): the CTA's first tile, and the one after tile t.
+  __device__ int first() const {
     if constexpr (SHUFFLE && !DYNAMIC) {  // b -> b p mod grid, p a prime not dividing the grid
       const unsigned p = gridDim.x % 37 == 0 ? 41u : 37u;
       return (int)(blockIdx.x * p % gridDim.x);
     }
     return blockIdx.x;
   }
-  __device__ int first() const { return start(); }
   __device__ int after(int t) const {
     if constexpr (DYNAMIC) return (int)gridDim.x + atomicAdd(counter, 1);
     return t + (int)gridDim.x;
@@ -79,7 +78,7 @@ struct TileFeed {
 
   // A reader warp, all lanes: entry i. Lane 0 hands the slot back once every lane has read it.
   __device__ int read(int i, int lane) const {
-    if constexpr (!DYNAMIC) return start() + i * (int)gridDim.x;
+    if constexpr (!DYNAMIC) return first() + i * (int)gridDim.x;
     const int s = i % SLOTS;
     mbar_wait(&full[s], (i / SLOTS) & 1);
     const int t = __shfl_sync(0xffffffffu, slot[s], 0);  // (warp-uniform: see the producer)
