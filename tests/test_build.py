@@ -48,16 +48,27 @@ def kernel_bodies(source: str):
         yield m.group(1), source[start:j - 1]
 
 
+# What a kernel may do before its wait: the Hopper GEMM's set-up, which touches only its own
+# shared memory and parameters (its barriers and tensor-map prefetches: mainloop_wgmma.cuh set_up).
+BEFORE_THE_WAIT = {"gemm_sm90_kernel": ["extern __shared__ __align__(1024) u8 smem[]",
+                                        "if constexpr (Cfg::EARLY_SETUP) gemm::sm90::set_up<Cfg>(p, smem)"]}
+
+
 def test_every_kernel_waits_for_prior_grids_first():
     """_launch launches every kernel as a programmatic dependent launch: a kernel that touched
     memory before wait_prior_grids() could read what the grid before it has not yet written."""
+    import re
+
     kernels = {}
     for entry in _build.entry_files():
         for name, body in kernel_bodies((_build.cuda_src_dir() / entry).read_text()):
-            kernels[name] = body.strip().split(";")[0].strip()
+            code = re.sub(r"//[^\n]*", "", body)
+            kernels[name] = [s.strip() for s in code.split(";")]
     assert len(kernels) >= 18 and "gemm_sm90_kernel" in kernels and "sol080_router" in kernels
-    late = {name: first for name, first in kernels.items() if first != "wait_prior_grids()"}
-    assert not late, f"kernels whose first statement is not wait_prior_grids(): {late}"
+    late = {name: stmts[:stmts.index("wait_prior_grids()")] if "wait_prior_grids()" in stmts else stmts[:1]
+            for name, stmts in kernels.items()}
+    late = {name: before for name, before in late.items() if before != BEFORE_THE_WAIT.get(name, [])}
+    assert not late, f"kernels that do more than their set-up before wait_prior_grids(): {late}"
 
 
 @needs_nvrtc

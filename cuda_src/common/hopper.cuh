@@ -6,6 +6,12 @@
 // A CUtensorMap encoded on the host (cupy_moe/gpu/tma.py); opaque here, 64-byte aligned.
 struct alignas(64) TmaDesc { u64 opaque[16]; };
 
+// Brings a tensor map (here: a kernel parameter's) into the TMA unit's descriptor cache ahead of
+// its first copy.
+__device__ __forceinline__ void prefetch_tensormap(const TmaDesc* desc) {
+  asm volatile("prefetch.tensormap [%0];\n" :: "l"((unsigned long long)desc) : "memory");
+}
+
 // --- mbarrier --------------------------------------------------------------------------------
 __device__ __forceinline__ void mbar_init(u64* bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(smem_addr(bar)), "r"(count));
@@ -138,6 +144,13 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n"
                "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// The same without the release / acquire: an arrival that orders no memory operation, so it does
+// not wait for this thread's stores to land (for a last barrier that only keeps shared memory
+// alive until the peers' reads of it, which their own later uses of the values complete).
+__device__ __forceinline__ void cluster_sync_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n"
+               "barrier.cluster.wait.aligned;\n" ::: "memory");
 }
 // The number of CTAs in this CTA's cluster.
 __device__ __forceinline__ u32 cluster_size() {

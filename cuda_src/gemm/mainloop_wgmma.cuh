@@ -177,8 +177,11 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
   auto store_held = [&](int from, int to) {
     if constexpr (L::DEFER_STORE) store_tile_tma<Cfg>(P, held_tc, held, staging, row_off(0), wg, tid, from, to);
   };
+  int t_ahead = 0;  // HELP_LAST: entry i, read ahead at tile i - 1's end
+  bool ahead = false;
   for (int i = 0;; ++i) {
-    const int t = feed.read(i, lane);
+    const int t = ahead ? t_ahead : feed.read(i, lane);
+    ahead = false;
     if (t >= sched.total) break;
     const Tile tc = sched.tile(t);
     const int nk = sched.k_tiles(tc);
@@ -304,6 +307,15 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
       mbar_wait(&epi_bar[1], (i & 1) ^ 1);
       stage_accumulators<Cfg>(acc[0], smem + L::DACC, wg, tid);
       mbar_arrive(&epi_bar[0]);
+      if constexpr (Cfg::HELP_LAST) {  // the CTA's last tile: its rows shared with the epilogue warps
+        t_ahead = feed.read(i + 1, lane);
+        ahead = true;
+        if (t_ahead >= sched.total) {
+          named_barrier(6, 128 * CONSUMER_WARPGROUPS);  // both warpgroups' da' is staged
+          staged_tile_rows<Cfg>(P.base, tc, smem + L::DACC, L::E_WARPS + 4 * wg + warp, L::E_WARPS + 8, lane,
+                                nullptr, 0);
+        }
+      }
     } else if (L::TMA_STORE && (Cfg::GROUPING != kMGrouped || tc.m0 + row_off(0) + L::WG_ROWS <= tc.m_hi) &&
                (!Cfg::ROW_SPLIT || tc.m0 >= P.base.c2_rows)) {
       if constexpr (L::DEFER_STORE) {
@@ -329,11 +341,53 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
   if (L::TMA_STORE && tid == 0) bulk_wait();
 }
 
+// TMA's 128-byte swizzle and the wgmma descriptors assume 1024-byte aligned tiles.
+__device__ __forceinline__ u8* aligned_smem(u8* smem_raw) {
+  return smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+}
+
+// The CTA's set-up, by thread 0: its barriers, and with EARLY_SETUP its operands' tensor maps
+// fetched ahead of their first copies. It reads nothing a prior grid writes, so with EARLY_SETUP
+// the kernel runs it before wait_prior_grids(), under the tail of the grid before it (a
+// programmatic launch's CTAs start as that grid's last CTAs leave, ~2 us before its memory is
+// flushed and the wait returns); else kernel_body runs it after the wait. The barrier before
+// the CTA's roles start (kernel_body) publishes it to the other threads.
+template <class Cfg>
+__device__ __forceinline__ void set_up(const GemmSm90Params& P, u8* smem_raw) {
+  using L = Plan<Cfg>;
+  if (threadIdx.x != 0) return;
+  u8* smem = aligned_smem(smem_raw);
+  u64* full = (u64*)(smem + L::BARRIERS);
+  u64* empty = full + Cfg::STAGES;
+  u64* turn = (u64*)(smem + L::TURNS);
+  u64* epi_bar = (u64*)(smem + L::EPI_BARRIERS);
+  for (int s = 0; s < Cfg::STAGES; ++s) {
+    mbar_init(&full[s], L::FULL_ARRIVALS);
+    mbar_init(&empty[s], L::EMPTY_ARRIVALS);
+  }
+  mbar_init(&turn[0], 1);
+  mbar_init(&turn[1], 1);
+  if constexpr (L::E_STAGED) {
+    mbar_init(&epi_bar[0], 128 * CONSUMER_WARPGROUPS);
+    mbar_init(&epi_bar[1], 32 * L::E_WARPS);
+  }
+  const Feed<Cfg> feed(smem + L::FEED, P.base.tile_counter);
+  feed.init(L::FEED_READERS);
+  fence_barrier_init();
+  if constexpr (Cfg::EARLY_SETUP) {
+    for (int s = 0; s < P.base.num_segments; ++s) {
+      if (P.base.seg_k[s] == 0) continue;  // (its maps were never encoded)
+      if constexpr (!L::CPA_A) prefetch_tensormap(&P.tma_a[s]);
+      if constexpr (!L::CPA_B) prefetch_tensormap(&P.tma_b[s]);
+    }
+    if constexpr (L::TMA_STORE) prefetch_tensormap(&P.tma_c);
+  }
+}
+
 template <class Cfg>
 __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_raw) {
   using L = Plan<Cfg>;
-  // TMA's 128-byte swizzle and the wgmma descriptors assume 1024-byte aligned tiles.
-  u8* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  u8* smem = aligned_smem(smem_raw);
   u64* full = (u64*)(smem + L::BARRIERS);
   u64* empty = full + Cfg::STAGES;
   u64* turn = (u64*)(smem + L::TURNS);
@@ -341,20 +395,7 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
   int* tile_start = (int*)(smem + L::SCHEDULE);
   const Feed<Cfg> feed(smem + L::FEED, P.base.tile_counter);  // (static: the counter is unused)
   const int tid = threadIdx.x;
-  if (tid == 0) {
-    for (int s = 0; s < Cfg::STAGES; ++s) {
-      mbar_init(&full[s], L::FULL_ARRIVALS);
-      mbar_init(&empty[s], L::EMPTY_ARRIVALS);
-    }
-    mbar_init(&turn[0], 1);
-    mbar_init(&turn[1], 1);
-    if constexpr (L::E_STAGED) {
-      mbar_init(&epi_bar[0], 128 * CONSUMER_WARPGROUPS);
-      mbar_init(&epi_bar[1], 32 * L::E_WARPS);
-    }
-    feed.init(L::FEED_READERS);
-    fence_barrier_init();
-  }
+  if constexpr (!Cfg::EARLY_SETUP) set_up<Cfg>(P, smem_raw);
   if constexpr (Cfg::GROUPING == kMGrouped) {
     if (tid >= 32 && tid < 64) Scheduler<Cfg>::build(P.base, tile_start, tid - 32);
   }
@@ -373,7 +414,7 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
     if constexpr (Cfg::SPLIT_CLUSTER) {  // the producer's part of the cluster's two barriers
       __syncwarp();  // (on its own path: these warps run on the producer's few registers)
       cluster_sync();
-      cluster_sync();
+      if constexpr (Cfg::CLUSTER_RELAXED_EXIT) cluster_sync_relaxed(); else cluster_sync();
     }
   } else if (tid < MAIN_THREADS) {
     if constexpr (!L::E_STAGED) setmaxnreg_inc<L::CONSUMER_REGS>();

@@ -265,28 +265,44 @@ struct EpilogueRows {
   static_assert(R == 4, "warp_sum_4_rows, and dacc_offset_in_batch's batches of 4 rows");
 };
 
+// Rows w R, w R + warps R, ... (R at a time) of a staged tile, by warp w of the `warps` that share
+// it: their operands (which do not depend on da') load first, then, where `staged` is given, the
+// warp waits for da' (its phase `parity`); the next R rows load while the current ones are
+// computed.
+template <class Cfg>
+__device__ __forceinline__ void staged_tile_rows(const GemmParams& p, const Tile& tc, const u8* dacc, int w,
+                                                 int warps, int lane, u64* staged, u32 parity) {
+  using Rows = EpilogueRows<Cfg>;
+  const int step = warps * Rows::R;
+  const int rows = min(BM, tc.m_hi - tc.m0), col = tc.n0 + 4 * lane;
+  Rows cur, next;
+  cur.load(p, tc, w * Rows::R, rows, col, lane);
+  if (staged) mbar_wait(staged, parity);
+  for (int r0 = w * Rows::R; r0 < rows; r0 += step) {  // (r0: multiples of R)
+    if (r0 + step < rows) next.load(p, tc, r0 + step, rows, col, lane);
+    cur.finish(p, tc, dacc, r0, rows, col, lane);
+    cur = next;
+  }
+}
+
+// The epilogue warps (ew = 0 .. E_WARPS - 1): every tile of the CTA, once the consumers have
+// staged its da'. HELP_LAST: the CTA's last tile, which no main loop follows, is shared with the
+// consumers' 8 warps (warps E_WARPS ..), so that its epilogue, which nothing hides, takes about
+// half as long; whether a tile is the last is known from the feed's next entry, read ahead.
 template <class Cfg>
 __device__ __forceinline__ void swiglu_epilogue_warps(const GemmSm90Params& P,
                                                       const Scheduler<Cfg>& sched, const Feed<Cfg>& feed,
                                                       const u8* dacc, u64* epi_bar, int ew, int lane) {
   using L = Plan<Cfg>;
-  using Rows = EpilogueRows<Cfg>;
-  constexpr int STEP = L::E_WARPS * Rows::R;
   const GemmParams& p = P.base;
-  for (int j = 0;; ++j) {
-    const int t = feed.read(j, lane);
-    if (t >= sched.total) break;
+  int t = feed.read(0, lane);
+  for (int j = 0; t < sched.total; ++j) {
     const Tile tc = sched.tile(t);
-    const int rows = min(BM, tc.m_hi - tc.m0), col = tc.n0 + 4 * lane;
-    Rows cur, next;
-    cur.load(p, tc, ew * Rows::R, rows, col, lane);  // before da' is staged: they do not depend on it
-    mbar_wait(&epi_bar[0], j & 1);
-    for (int r0 = ew * Rows::R; r0 < rows; r0 += STEP) {  // (r0: multiples of R)
-      if (r0 + STEP < rows) next.load(p, tc, r0 + STEP, rows, col, lane);
-      cur.finish(p, tc, dacc, r0, rows, col, lane);
-      cur = next;
-    }
+    const int t_next = Cfg::HELP_LAST ? feed.read(j + 1, lane) : 0;
+    const bool last = Cfg::HELP_LAST && t_next >= sched.total;
+    staged_tile_rows<Cfg>(p, tc, dacc, ew, last ? L::E_WARPS + 8 : L::E_WARPS, lane, &epi_bar[0], j & 1);
     mbar_arrive(&epi_bar[1]);  // this thread's reads of the buffer are done
+    t = Cfg::HELP_LAST ? t_next : feed.read(j + 1, lane);
   }
 }
 
@@ -332,8 +348,8 @@ __device__ __forceinline__ void split_cluster_row(const GemmParams& p, int row, 
 // Cluster split-K (Cfg::SPLIT_CLUSTER): the sum of the tile's pieces, in piece order, and the
 // epilogue on it. Each CTA of the cluster has staged its piece's fp32 accumulators in its own
 // shared memory (the dacc layout, over the idle stages); CTA rank q takes rows q, q + S, q + 2 S,
-// ... of the tile, its 8 consumer warps a row at a time, a lane 4 columns, reading every piece's
-// row from its CTA over DSMEM (four loads in flight, then their adds in piece order: the same
+// ... of the tile, its 8 consumer warps CLUSTER_ROWS rows at a time, a lane 4 columns, reading every
+// piece's row from its CTA over DSMEM (loads in flight, then their adds in piece order: the same
 // bits whichever CTA sums a row). Run by the consumer warps (warp 0 .. 7); every thread of the
 // CTA takes part in both cluster barriers (the producer warpgroup on its own path, kernel_body):
 // the first makes the pieces visible, the second keeps each CTA's shared memory until its peers
@@ -341,8 +357,10 @@ __device__ __forceinline__ void split_cluster_row(const GemmParams& p, int row, 
 template <class Cfg>
 __device__ __forceinline__ void split_cluster_epilogue(const GemmSm90Params& P, const Scheduler<Cfg>& sched,
                                                        u8* smem, int warp, int lane) {
-  constexpr int MAX_PIECES = 8, IN_FLIGHT = 4;
+  constexpr int MAX_PIECES = 8, IN_FLIGHT = 4, ROWS = Cfg::CLUSTER_ROWS;
+  static_assert(ROWS >= 1 && ROWS <= 8, "rows a warp sums at once");
   const GemmParams& p = P.base;
+  TRACE_EPI_BEGIN();
   __syncwarp();
   cluster_sync();
   if ((int)blockIdx.x < sched.total) {
@@ -352,34 +370,44 @@ __device__ __forceinline__ void split_cluster_epilogue(const GemmSm90Params& P, 
     const int out_m0 = Cfg::GROUPING == kKGrouped ? tc.m0 % (p.m / 2) : tc.m0;
     const int rows = Cfg::GROUPING == kKGrouped ? min(BM, p.m / 2 - out_m0) : min(BM, tc.m_hi - tc.m0);
     const u32 base = smem_addr(smem);
-    for (int r = rank + pieces * warp; r < rows; r += pieces * 8) {
-      const u32 at = base + dacc_offset(r, lane);
-      float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+    const int step = pieces * 8;  // a warp's rows r, r + step, ...
+    // ROWS of them at once: every piece's loads of the batch in flight (IN_FLIGHT pieces at a
+    // time) before their adds, so a warp pays the DSMEM latency once a batch instead of once a row.
+    for (int r0 = rank + pieces * warp; r0 < rows; r0 += ROWS * step) {
+      float4 sum[ROWS];
       #pragma unroll
-      for (int q0 = 0; q0 < MAX_PIECES; q0 += IN_FLIGHT) {  // IN_FLIGHT loads, then their adds
+      for (int q0 = 0; q0 < MAX_PIECES; q0 += IN_FLIGHT) {  // IN_FLIGHT loads a row, then their adds
         if (q0 >= pieces) break;
-        float4 v[IN_FLIGHT];
+        float4 v[ROWS][IN_FLIGHT];
         #pragma unroll
-        for (int q = 0; q < IN_FLIGHT; ++q)
-          if (q0 + q < pieces) v[q] = ld_peer_f4(peer_smem_addr(at, q0 + q));
+        for (int j = 0; j < ROWS; ++j)
+          #pragma unroll
+          for (int q = 0; q < IN_FLIGHT; ++q)
+            if (r0 + j * step < rows && q0 + q < pieces)
+              v[j][q] = ld_peer_f4(peer_smem_addr(base + dacc_offset(r0 + j * step, lane), q0 + q));
         #pragma unroll
-        for (int q = 0; q < IN_FLIGHT; ++q)
-          if (q0 + q < pieces) {
-            if (q0 + q == 0) {
-              sum = v[0];  // not 0 + v: the same bits as a sum that starts from piece 0
-            } else {
-              sum.x += v[q].x;
-              sum.y += v[q].y;
-              sum.z += v[q].z;
-              sum.w += v[q].w;
+        for (int j = 0; j < ROWS; ++j)
+          #pragma unroll
+          for (int q = 0; q < IN_FLIGHT; ++q)
+            if (r0 + j * step < rows && q0 + q < pieces) {
+              if (q0 + q == 0) {
+                sum[j] = v[j][0];  // not 0 + v: the same bits as a sum that starts from piece 0
+              } else {
+                sum[j].x += v[j][q].x;
+                sum[j].y += v[j][q].y;
+                sum[j].z += v[j][q].z;
+                sum[j].w += v[j][q].w;
+              }
             }
-          }
       }
-      split_cluster_row<Cfg>(p, out_m0 + r, tc.m_hi, tc.n0 + 4 * lane, sum);
+      #pragma unroll
+      for (int j = 0; j < ROWS; ++j)
+        if (r0 + j * step < rows) split_cluster_row<Cfg>(p, out_m0 + r0 + j * step, tc.m_hi, tc.n0 + 4 * lane, sum[j]);
     }
   }
   __syncwarp();
-  cluster_sync();
+  if constexpr (Cfg::CLUSTER_RELAXED_EXIT) cluster_sync_relaxed(); else cluster_sync();
+  TRACE_EPI_END(warp == 0 && lane == 0, blockIdx.x);
 }
 
 // A consumer thread's results as store_tile_tma reads them: pair i of accumulator block b (its

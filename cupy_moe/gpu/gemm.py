@@ -215,6 +215,17 @@ class Sm90Config:
     # same bits; False: __syncwarp + lane 0, the idle test in the MMA loop; the A/B path)
     DEFER_STORE: int = 32  # registers a thread may hold a finished tile's last bf16 results in,
     # stored by TMA under the next tile's first k-steps (the same bits; 0: all at the tile's end)
+    EARLY_SETUP: bool = True  # the CTA's barriers and tensor-map prefetches before its wait for
+    # the grid before it, under that grid's tail (mainloop_wgmma.cuh set_up; the same bits; SOL-080
+    # -0.5 us on the mean, bench/NOTES.md v0.33; False: after the wait, the A/B path)
+    HELP_LAST: bool = False  # E_STAGED: the consumers share the CTA's last tile's epilogue rows
+    # with the epilogue warps (sm90_epilogues.cuh swiglu_epilogue_warps; the same bits). choose()
+    # sets it for ungrouped GEMMs (SOL-080's d_act, whose completion the dgrad waits for); the
+    # layer's M-grouped dgrad, 47 tiles a CTA, keeps the leaner consumer (118 registers, not 127)
+    CLUSTER_ROWS: int = 4  # SPLIT_CLUSTER: rows a warp sums at once over DSMEM (the same bits)
+    CLUSTER_RELAXED_EXIT: bool = True  # SPLIT_CLUSTER: the last cluster barrier without release
+    # semantics, so it does not wait for the sums' global stores (the same bits; the router
+    # wgrad's epilogue 3.5 -> 3.1 us at T = 997 / 2053)
 
     BM = 128
     BK = 64
@@ -259,6 +270,8 @@ class Sm90Config:
                 bn = 128
             ring = STORE_RING if flags.get("C_TMA", False) and bn == 256 else 0
             most = {256: 4, 128: 6, 64: 8}[bn] - (flags.get("C_TMA", False) and bn > 64 and not ring)
+        if flags.get("E_STAGED") and not flags.get("GROUPING", 0):
+            flags = dict(flags, HELP_LAST=True)
         probe = cls(BN=bn, STAGES=0, PINGPONG=pingpong, STORE_RING=ring, **flags)
         fit = (cls.SMEM_LIMIT - probe.smem_bytes(num_groups)) // ((cls.BM + bn) * cls.BK * 2 + 16)
         return cls(BN=bn, STAGES=min(most, fit), PINGPONG=pingpong, STORE_RING=ring, **flags)
