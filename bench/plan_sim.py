@@ -88,22 +88,34 @@ def launches(plan: list, sms: int = SMS):
     return span, sms * span - busy, spans
 
 
-def queue(tiles: list, deps: dict, sms: int = SMS):
-    """One persistent kernel: tiles [(name, duration)] in queue order; deps[i] = indices that must be
-    done before tile i starts. Each SM takes the next tile in order when it is free, waiting for
-    that tile's dependencies. Returns (span, idle SM-us)."""
+def queue(durations: list, deps: dict, sms: int = SMS):
+    """One persistent kernel: tile i takes durations[i] us, in queue order; deps[i] = the tiles that
+    must be done before it starts. Each SM takes the next tile when it is free and waits for that
+    tile's dependencies. Returns (span, idle SM-us)."""
     free = [(0.0, sm) for sm in range(sms)]
     heapq.heapify(free)
-    end = [0.0] * len(tiles)
-    busy = 0.0
-    for i, (_, d) in enumerate(tiles):
+    end = [0.0] * len(durations)
+    for i, d in enumerate(durations):
         t0, sm = heapq.heappop(free)
-        start = max([t0] + [end[j] for j in deps.get(i, ())])
-        end[i] = start + d
-        busy += d
+        end[i] = max([t0] + [end[j] for j in deps.get(i, ())]) + d
         heapq.heappush(free, (end[i], sm))
     span = max(end)
-    return span, sms * span - busy
+    return span, sms * span - sum(durations)
+
+
+class Queue:
+    """A queue being built: tiles in order, each with the tiles it waits for."""
+
+    def __init__(self):
+        self.tiles, self.deps = [], {}
+
+    def add(self, duration: float, need=()) -> int:
+        self.deps[len(self.tiles)] = list(need)
+        self.tiles.append(duration)
+        return len(self.tiles) - 1
+
+    def run(self):
+        return queue(self.tiles, self.deps)
 
 
 def t8192():
@@ -133,26 +145,20 @@ def t2053():
 def queue_2053(router_factor: float):
     """The same tiles in one queue: the router first, d_act's rows, grad_Wd, the dgrad's rows,
     grad_[Wg; Wu], the router wgrad (its 64 pieces need every router row)."""
-    tiles, deps = [], {}
-
-    def add(d, need=()):
-        deps[len(tiles)] = list(need)
-        tiles.append(("", d))
-        return len(tiles) - 1
-
-    router = [add(902 * router_factor / 22) for _ in range(22)]  # 96 tokens a tile
-    rows = [[add(27.7) for _ in range(11)] for _ in range(17)]
+    q = Queue()
+    router = [q.add(902 * router_factor / 22) for _ in range(22)]  # 96 tokens a tile
+    rows = [[q.add(27.7) for _ in range(11)] for _ in range(17)]
     every_row = [i for row in rows for i in row]
     for _ in range(352):
-        add(13.5)
+        q.add(13.5)
     for r in range(17):
         for _ in range(16):
-            add(32.0, rows[r] + router)
+            q.add(32.0, rows[r] + router)
     for _ in range(352):
-        add(23.3, every_row + router)
+        q.add(23.3, every_row + router)
     for _ in range(64):
-        add(18.6, router)
-    return queue(tiles, deps)
+        q.add(18.6, router)
+    return q.run()
 
 
 def queue_8192(order: str, router_factor: float):
@@ -161,17 +167,11 @@ def queue_8192(order: str, router_factor: float):
     it would take ~5x the SM time). order: what follows d_act's rows: "dgrad" (the dgrad's row
     blocks, then grad_[Wg; Wu]), "wgu" (grad_[Wg; Wu] first), or "mixed" (a grad_[Wg; Wu] tile
     after every 3 dgrad tiles)."""
-    tiles, deps = [], {}
-
-    def add(name, d, need=()):
-        deps[len(tiles)] = list(need)
-        tiles.append((name, d))
-        return len(tiles) - 1
-
-    router = [add("router", 2145 * router_factor / 86) for _ in range(86)]  # 96 tokens a tile
+    q = Queue()
+    router = [q.add(2145 * router_factor / 86) for _ in range(86)]  # 96 tokens a tile
     for _ in range(352):
-        add("grad_Wd", 47.0)
-    rows = [[add("d_act", 25.8) for _ in range(11)] for _ in range(64)]
+        q.add(47.0)
+    rows = [[q.add(25.8) for _ in range(11)] for _ in range(64)]
     every_row = [i for row in rows for i in row]
     wgu = [(166.4 if k < 16 else 83.2, every_row + router) for k in range(368)]
     dgrad = [(31.8, rows[r] + router) for r in range(64) for _ in range(16)]
@@ -188,26 +188,26 @@ def queue_8192(order: str, router_factor: float):
                 w += 1
         seq += wgu[w:]
     for d, need in seq:
-        add("", d, need)
-    return queue(tiles, deps)
+        q.add(d, need)
+    return q.run()
+
+
+def show_launches(T: int, plan: list, traced: float) -> None:
+    span, idle, spans = launches(plan)
+    print(f"T = {T}, today's launches: model {span:.1f} us (traced {traced}), idle {idle / SMS:.1f} us of the GPU")
+    for name, (a, b) in spans.items():
+        print(f"  {name:<12} {a:7.1f} - {b:7.1f}")
 
 
 def main():
     argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args()
-    plan, traced = t8192()
-    span, idle, spans = launches(plan)
-    print(f"T = 8192, today's launches: model {span:.1f} us (traced {traced}), idle {idle / SMS:.1f} us of the GPU")
-    for name, (a, b) in spans.items():
-        print(f"  {name:<8} {a:7.1f} - {b:7.1f}")
+    show_launches(8192, *t8192())
     for factor in (1.0, 5.0):
         for order in ("dgrad", "wgu", "mixed"):
             span, idle = queue_8192(order, factor)
             print(f"one queue, router x{factor:g}, then {order:<5}: {span:7.1f} us, idle {idle / SMS:5.1f} us of the GPU")
-    plan, traced = t2053()
-    span, idle, spans = launches(plan)
-    print(f"\nT = 2053, today's launches: model {span:.1f} us (traced {traced}), idle {idle / SMS:.1f} us of the GPU")
-    for name, (a, b) in spans.items():
-        print(f"  {name:<12} {a:7.1f} - {b:7.1f}")
+    print()
+    show_launches(2053, *t2053())
     for factor in (1.0, 5.0):
         span, idle = queue_2053(factor)
         print(f"one queue, router x{factor:g}: {span:7.1f} us, idle {idle / SMS:5.1f} us of the GPU")

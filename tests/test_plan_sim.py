@@ -35,6 +35,5 @@ def test_shared_blocks_fill_their_sms():
 
 
 def test_queue_waits_for_dependencies_in_order():
-    tiles = [("x", 10.0), ("y", 1.0), ("z", 1.0)]
-    span, idle = plan_sim.queue(tiles, {1: [0]}, sms=2)  # y waits for x; z takes the free SM
+    span, idle = plan_sim.queue([10.0, 1.0, 1.0], {1: [0]}, sms=2)  # tile 1 waits for 0; 2 takes the free SM
     assert span == 11.0 and abs(idle - (2 * 11.0 - 12.0)) < 1e-9
