@@ -312,8 +312,8 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
         ahead = true;
         if (t_ahead >= sched.total) {
           named_barrier(6, 128 * CONSUMER_WARPGROUPS);  // both warpgroups' da' is staged
-          staged_tile_rows<Cfg>(P.base, tc, smem + L::DACC, L::E_WARPS + 4 * wg + warp, L::E_WARPS + 8, lane,
-                                nullptr, 0);
+          staged_tile_rows<Cfg>(P.base, tc, smem + L::DACC, L::E_WARPS + 4 * wg + warp, L::LAST_TILE_WARPS,
+                                lane, nullptr, 0);
         }
       }
     } else if (L::TMA_STORE && (Cfg::GROUPING != kMGrouped || tc.m0 + row_off(0) + L::WG_ROWS <= tc.m_hi) &&

@@ -287,8 +287,8 @@ __device__ __forceinline__ void staged_tile_rows(const GemmParams& p, const Tile
 
 // The epilogue warps (ew = 0 .. E_WARPS - 1): every tile of the CTA, once the consumers have
 // staged its da'. HELP_LAST: the CTA's last tile, which no main loop follows, is shared with the
-// consumers' 8 warps (warps E_WARPS ..), so that its epilogue, which nothing hides, takes about
-// half as long; whether a tile is the last is known from the feed's next entry, read ahead.
+// consumers' 8 warps (LAST_TILE_WARPS in all), so that its epilogue, which nothing hides, takes
+// about half as long; whether a tile is the last is known from the feed's next entry, read ahead.
 template <class Cfg>
 __device__ __forceinline__ void swiglu_epilogue_warps(const GemmSm90Params& P,
                                                       const Scheduler<Cfg>& sched, const Feed<Cfg>& feed,
@@ -300,7 +300,7 @@ __device__ __forceinline__ void swiglu_epilogue_warps(const GemmSm90Params& P,
     const Tile tc = sched.tile(t);
     const int t_next = Cfg::HELP_LAST ? feed.read(j + 1, lane) : 0;
     const bool last = Cfg::HELP_LAST && t_next >= sched.total;
-    staged_tile_rows<Cfg>(p, tc, dacc, ew, last ? L::E_WARPS + 8 : L::E_WARPS, lane, &epi_bar[0], j & 1);
+    staged_tile_rows<Cfg>(p, tc, dacc, ew, last ? L::LAST_TILE_WARPS : L::E_WARPS, lane, &epi_bar[0], j & 1);
     mbar_arrive(&epi_bar[1]);  // this thread's reads of the buffer are done
     t = Cfg::HELP_LAST ? t_next : feed.read(j + 1, lane);
   }

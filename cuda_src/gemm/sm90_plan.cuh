@@ -73,6 +73,8 @@ struct Plan {
   // math's issue slots, not their loads' latency: bench/NOTES.md v0.7.)
   static constexpr bool E_STAGED = Cfg::E_STAGED;
   static constexpr int E_WARPS = E_STAGED ? 3 + 4 : 0;
+  // Cfg::HELP_LAST: the warps that share a CTA's last staged tile, the consumers' after these.
+  static constexpr int LAST_TILE_WARPS = E_WARPS + 4 * CONSUMER_WARPGROUPS;
   static constexpr int THREADS = MAIN_THREADS + (E_STAGED ? 128 : 0);
   static constexpr int DACC = STAGING + CONSUMER_WARPGROUPS * STAGING_BYTES;  // see dacc_offset
   static constexpr int DACC_BYTES = E_STAGED ? BM * Cfg::BN * 4 : 0;
