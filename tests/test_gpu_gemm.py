@@ -402,6 +402,90 @@ def test_even_rounds_grid_gives_the_same_bits(epilogue):
     np.testing.assert_array_equal(full.view(np.uint16), even.view(np.uint16))
 
 
+def _staged(G_module, m, n, k, rng):
+    """A contract-rounding SwiGLU backward GEMM (SOL-080's fused d_act: dg | du in one row of
+    2 n): its prepared launch and a function that runs it into a fresh NaN-filled output."""
+    import cupy as cp
+    from cupy_moe.gpu.gemm import Segment, SwigluBackward
+
+    A, B = cp.asarray(_bf16(rng, m, k)), cp.asarray(_bf16(rng, k, n))
+    gate, up = cp.asarray(_bf16(rng, m, n)), cp.asarray(_bf16(rng, m, n))
+    out = cp.full((m, 2 * n), np.nan, bfloat16)
+    kw = dict(m=m, n=n, segments=[Segment(A, k, B, n, k=k)], a_kmajor=True, b_kmajor=False, out=None,
+              ldc=n, epilogue="swiglu_backward", engine="sm90",
+              swiglu=SwigluBackward(gate=gate, up=up, dg=out, du=out.data.ptr + 2 * n, ld_grad=2 * n,
+                                    contract_rounding=True))
+
+    def run():
+        out.fill(np.nan)
+        G_module.gemm(**kw)
+        return out.get()
+    return G_module.prepare(**kw), run
+
+
+# m = 3457 (a prime): 28 row tiles, the last of 1 row; n = 1408 ends in a half-empty 256-wide
+# tile, 1160 in one of 136 columns (its second half 8 wide), 1032 in one of 8.
+@pytest.mark.parametrize("n", [1408, 1160, 1032])
+def test_wide_staged_tiles_give_the_contract_the_same_bits(n, monkeypatch):
+    """gemm.STAGED_WIDE "contract": SOL-080's fused d_act in 128 x 256 tiles with da' staged as
+    bf16 pairs, which the contract rounds it to first: dg and du bitwise those of 128 x 128 tiles
+    of fp32 da', every element written (the last tile of a CTA shared with its consumers)."""
+    from cupy_moe.gpu import gemm as G
+
+    results = []
+    for mode, threads in (("0", 512), ("contract", 384)):
+        monkeypatch.setattr(G, "STAGED_WIDE", mode)
+        launch, run = _staged(G, 3457, n, 200, np.random.default_rng(n))
+        assert launch.threads == threads  # 128 x 256 staged tiles run without the 4th warpgroup
+        results.append(run())
+    assert not np.isnan(results[0].astype(np.float32)).any()
+    assert results[0].astype(np.float32).any()
+    np.testing.assert_array_equal(results[0].view(np.uint16), results[1].view(np.uint16))
+
+
+def test_wide_staged_tiles_need_a_tile_for_every_sm(monkeypatch):
+    """Too few 256-wide tiles to give every SM one: the staged epilogue keeps 128 x 128."""
+    from cupy_moe.gpu import gemm as G
+
+    monkeypatch.setattr(G, "STAGED_WIDE", "contract")
+    launch, run = _staged(G, 300, 1408, 72, np.random.default_rng(3))
+    assert launch.threads == 512
+    assert not np.isnan(run().astype(np.float32)).any()
+
+
+def test_wide_staged_tiles_of_routed_experts_round_da_only(monkeypatch):
+    """STAGED_WIDE "all" (an A/B mode) runs the layer's routed SwiGLU dgrad in 128 x 256 tiles of
+    bf16 da' too: dg, du, aw and dw = <da', a> stay within bf16 rounding of fp32 staging's, every
+    element written, an empty expert among them."""
+    import cupy as cp
+    from cupy_moe.gpu import gemm as G
+    from cupy_moe.gpu.gemm import Segment, SwigluBackward
+
+    rng = np.random.default_rng(31)
+    Gs, M, n, k = 7, 3001, 1408, 136
+    offs = _groups(rng, Gs, M, empty=(2,))
+    dy, W = cp.asarray(_bf16(rng, M, k)), cp.asarray(_bf16(rng, Gs, k, n))
+    g, u, a = (cp.asarray(_bf16(rng, M, n)) for _ in range(3))
+    w = cp.asarray(rng.random(M, dtype=np.float32))
+    results = []
+    for mode, threads in (("0", 512), ("all", 384)):
+        monkeypatch.setattr(G, "STAGED_WIDE", mode)
+        outs = [cp.full((M, n), np.nan, bfloat16) for _ in range(3)]
+        dw = cp.full(M, np.nan, cp.float32)
+        kw = dict(m=M, n=n, segments=[Segment(dy, k, W, n, k=k, b_group_stride=k * n)], a_kmajor=True,
+                  b_kmajor=False, out=None, ldc=n, epilogue="swiglu_backward", engine="sm90",
+                  swiglu=SwigluBackward(gate=g, up=u, dg=outs[0], du=outs[1], act=a, weights=w, aw=outs[2],
+                                        dw=dw),
+                  grouping="m", group_offsets=cp.asarray(offs), num_groups=Gs)
+        assert G.prepare(**kw).threads == threads
+        G.gemm(**kw)
+        results.append([o.get().astype(np.float32) for o in outs] + [dw.get()])
+    for fp32, bf in zip(*results):
+        assert not np.isnan(bf).any() and not np.isnan(fp32).any()
+        assert relative_error(bf, fp32) < 1e-2
+    np.testing.assert_array_equal(results[0][2], results[1][2])  # aw = bf16(w a) reads no da'
+
+
 @pytest.mark.parametrize("case", ["dense", "m-gather", "k-grouped", "swiglu"])
 def test_dynamic_tile_claims_give_the_same_bits(case, monkeypatch):
     """Tiles claimed as the CTAs go (gemm.DYNAMIC_TILES) are each computed whole, in the same
