@@ -35,7 +35,6 @@ def main():
         "dwdt": Knob(layer, "DWD_TRANSPOSED", flag),
         "sbs": Knob(side_by_side, "MIN_GAIN_STEPS", lambda v, default: default if v != "0" else 1 << 30),
         "ring": Knob(gemm, "STORE_RING", integer),
-        "sw": Knob(gemm, "STAGED_WIDE", text),
         "band": Knob(gemm, "BAND_ROWS", integer),
         "nband": Knob(gemm, "BAND_NARROW_ROWS", integer),
         "gband": Knob(gemm, "BAND_GROUPED_ROWS", integer),

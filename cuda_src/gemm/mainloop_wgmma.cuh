@@ -179,7 +179,6 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
   };
   int t_ahead = 0;  // HELP_LAST: entry i, read ahead at tile i - 1's end
   bool ahead = false;
-  int t_last = -1;  // HELP_LAST: the CTA's last tile, whose epilogue rows the consumers share
   for (int i = 0;; ++i) {
     const int t = ahead ? t_ahead : feed.read(i, lane);
     ahead = false;
@@ -308,10 +307,14 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
       mbar_wait(&epi_bar[1], (i & 1) ^ 1);
       stage_accumulators<Cfg>(acc[0], smem + L::DACC, wg, tid);
       mbar_arrive(&epi_bar[0]);
-      if constexpr (Cfg::HELP_LAST) {  // the CTA's last tile: its rows shared after the loop
+      if constexpr (Cfg::HELP_LAST) {  // the CTA's last tile: its rows shared with the epilogue warps
         t_ahead = feed.read(i + 1, lane);
         ahead = true;
-        if (t_ahead >= sched.total) t_last = t;
+        if (t_ahead >= sched.total) {
+          named_barrier(6, 128 * CONSUMER_WARPGROUPS);  // both warpgroups' da' is staged
+          staged_tile_rows<Cfg>(P.base, tc, smem + L::DACC, L::E_WARPS + 4 * wg + warp, L::LAST_TILE_WARPS,
+                                lane, nullptr, 0);
+        }
       }
     } else if (L::TMA_STORE && (Cfg::GROUPING != kMGrouped || tc.m0 + row_off(0) + L::WG_ROWS <= tc.m_hi) &&
                (!Cfg::ROW_SPLIT || tc.m0 >= P.base.c2_rows)) {
@@ -336,15 +339,6 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
   }
   if (L::DEFER_STORE && holding) store_held(L::HELD_FROM, L::STORE_BATCHES);
   if (L::TMA_STORE && tid == 0) bulk_wait();
-  // HELP_LAST: the last tile's rows with the epilogue warps, once both warpgroups' da' is staged
-  // (after the loop, where none of its state is live: inside it, 128 x 256 tiles spilled).
-  if constexpr (L::E_STAGED && Cfg::HELP_LAST) {
-    if (t_last >= 0) {
-      named_barrier(6, 128 * CONSUMER_WARPGROUPS);
-      staged_tile_rows<Cfg>(P.base, sched.tile(t_last), smem + L::DACC, L::E_WARPS + 4 * wg + warp,
-                            L::LAST_TILE_WARPS, lane, nullptr, 0);
-    }
-  }
 }
 
 // TMA's 128-byte swizzle and the wgmma descriptors assume 1024-byte aligned tiles.
@@ -427,7 +421,7 @@ __device__ __forceinline__ void kernel_body(const GemmSm90Params& P, u8* smem_ra
     const int c = tid - PRODUCER_THREADS;
     consumer<Cfg>(P, sched, feed, smem, full, empty, turn, epi_bar, c / 128, c % 128);
     if constexpr (Cfg::SPLIT_CLUSTER) split_cluster_epilogue<Cfg>(P, sched, smem, c / 32, tid % 32);
-  } else if constexpr (L::THREADS > MAIN_THREADS) {  // the epilogue warpgroup (E_STAGED, 128-wide)
+  } else if constexpr (L::E_STAGED) {  // the epilogue warpgroup (no threads past MAIN_THREADS otherwise)
     swiglu_epilogue_warps<Cfg>(P, sched, feed, smem + L::DACC, epi_bar, 3 + (tid - MAIN_THREADS) / 32, tid % 32);
   }
 }

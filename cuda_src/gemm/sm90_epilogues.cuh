@@ -79,19 +79,6 @@ __device__ __forceinline__ void swiglu_grad_pair(const float (&d)[2], u32 g2, u3
   du2 = pack_bf16x2(du[0], du[1]);
 }
 
-// The same from da' staged as a bf16 pair (Cfg::E_BF16); SOL-080's packed contract takes it as it
-// is, with no unpacking and repacking (its first rounding point is that bf16 pair).
-template <bool PACKED>
-__device__ __forceinline__ void swiglu_grad_pair_bf16(u32 d2, u32 g2, u32 u2, float w, bool contract,
-                                                      u32& dg2, u32& du2) {
-  if (contract && PACKED) {
-    contract_swiglu_pair(d2, g2, u2, dg2, du2);
-    return;
-  }
-  const float d[2] = {bf16_to_f32(d2 & 0xffff), bf16_to_f32(d2 >> 16)};
-  swiglu_grad_pair<PACKED>(d, g2, u2, w, contract, dg2, du2);
-}
-
 // A row's routing weight for the SwiGLU epilogue (1 outside the rows or without weights).
 __device__ __forceinline__ float swiglu_row_weight(const GemmParams& p, int row, int m_hi) {
   return p.e_row_weight && row < m_hi ? p.e_row_weight[p.e_row_index ? p.e_row_index[row] : row] : 1.f;
@@ -173,37 +160,10 @@ __device__ __forceinline__ int dacc_offset_in_batch(int r0, int q, int chunk) {
   return (r0 + q) * 512 + ((chunk ^ (2 * q)) << 4);
 }
 
-// Cfg::E_BF16: rows of BN = 256 bf16 (512 bytes as well), 16-byte chunk c of row r at chunk
-// c ^ (r % 8): a consumer warp's 4-byte writes (8 rows x 4 pairs of one chunk each) and the
-// epilogue warps' half-row reads (8 bytes a lane) are free of bank conflicts.
-__device__ __forceinline__ int dacc_bf16_offset(int r, int chunk) {
-  return r * 512 + ((chunk ^ (r % 8)) << 4);
-}
-
-// A consumer warpgroup's accumulators (its 64 rows) into the buffer: fp32, or with E_BF16 bf16
-// pairs (pack_bf16x2 rounds as the contract's bf16(d_act) does).
+// A consumer warpgroup's accumulators (its 64 rows) into the buffer.
 template <class Cfg>
 __device__ __forceinline__ void stage_accumulators(const float (&acc)[Cfg::BN / 2], u8* dacc, int wg, int tid) {
   const int warp = tid / 32, lane = tid % 32;
-  if constexpr (Cfg::E_BF16) {
-    // Column block j = 8 a + b of rows r and r + 8 (r % 8 = lane / 4 = s) lies at chunk
-    // 8 a + (b ^ s): one address per b, the rest immediate offsets (32 addresses held beside the
-    // 128 accumulators spilled).
-    const int s = lane / 4;
-    u8* const row = dacc + (64 * wg + 16 * warp + s) * 512 + 4 * (lane % 4);
-    #pragma unroll
-    for (int b = 0; b < 8; ++b) {
-      u8* const at = row + ((b ^ s) << 4);
-      #pragma unroll
-      for (int a = 0; a < Cfg::BN / 64; ++a)
-        #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int j = 8 * a + b;  // columns 8 j + 2 (lane % 4), + 1
-          *(u32*)(at + 128 * a + 8 * 512 * h) = pack_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-        }
-    }
-    return;
-  }
   #pragma unroll
   for (int j = 0; j < Cfg::BN / 8; ++j)
     #pragma unroll
@@ -263,9 +223,8 @@ struct EpilogueRows {
     w_lane = lane < R && r0 + lane < rows ? swiglu_row_weight(p, tc.m0 + r0 + lane, tc.m_hi) : 1.f;
   }
 
-  // half: which 128 columns of a 256-wide bf16 row (E_BF16); part: the row partial's column.
   __device__ __forceinline__ void finish(const GemmParams& p, const Tile& tc, const u8* dacc, int r0, int rows,
-                                         int col, int lane, int half, int part) const {
+                                         int col, int lane) const {
     const bool routed = p.e_aw != nullptr, contract = p.e_contract != 0, col_ok = col < p.n;
     const i64 ld_grad = p.e_ld_grad ? p.e_ld_grad : p.ldc;
     // Row pointers of the batch's first row, stepped a row at a time (as in load).
@@ -279,21 +238,11 @@ struct EpilogueRows {
       dots[q] = 0.f;
       if (r0 + q >= rows) continue;  // the same for the whole warp
       const float w = __shfl_sync(0xffffffffu, w_lane, q);
-      float4 d;
+      const float4 d = *(const float4*)(dacc + dacc_offset_in_batch(r0, q, lane));
+      const float lo[2] = {d.x, d.y}, hi[2] = {d.z, d.w};
       uint2 dg, du;
-      if constexpr (Cfg::E_BF16) {  // the lane's 4 columns: 8 bytes of chunk 16 half + lane / 2
-        const uint2 d2 = *(const uint2*)(dacc + dacc_bf16_offset(r0 + q, 16 * half + lane / 2) + 8 * (lane % 2));
-        swiglu_grad_pair_bf16<Cfg::PACKED_CONTRACT>(d2.x, g2[q].x, u2[q].x, w, contract, dg.x, du.x);
-        swiglu_grad_pair_bf16<Cfg::PACKED_CONTRACT>(d2.y, g2[q].y, u2[q].y, w, contract, dg.y, du.y);
-        if (routed)
-          d = make_float4(bf16_to_f32(d2.x & 0xffff), bf16_to_f32(d2.x >> 16), bf16_to_f32(d2.y & 0xffff),
-                          bf16_to_f32(d2.y >> 16));
-      } else {
-        d = *(const float4*)(dacc + dacc_offset_in_batch(r0, q, lane));
-        const float lo[2] = {d.x, d.y}, hi[2] = {d.z, d.w};
-        swiglu_grad_pair<Cfg::PACKED_CONTRACT>(lo, g2[q].x, u2[q].x, w, contract, dg.x, du.x);
-        swiglu_grad_pair<Cfg::PACKED_CONTRACT>(hi, g2[q].y, u2[q].y, w, contract, dg.y, du.y);
-      }
+      swiglu_grad_pair<Cfg::PACKED_CONTRACT>(lo, g2[q].x, u2[q].x, w, contract, dg.x, du.x);
+      swiglu_grad_pair<Cfg::PACKED_CONTRACT>(hi, g2[q].y, u2[q].y, w, contract, dg.y, du.y);
       if (col_ok) {
         *(uint2*)dg_row = dg;
         *(uint2*)du_row = du;
@@ -310,7 +259,7 @@ struct EpilogueRows {
       const float dot = warp_sum_4_rows(dots, lane);
       const int q = lane / 8;  // lane 8 q holds row q's sum
       if (lane % 8 == 0 && r0 + q < rows)
-        p.e_row_partial[(i64)(tc.m0 + r0 + q) * p.e_partial_ld + part] = dot;
+        p.e_row_partial[(i64)(tc.m0 + r0 + q) * p.e_partial_ld + tc.n0 / Cfg::BN] = dot;
     }
   }
   static_assert(R == 4, "warp_sum_4_rows, and dacc_offset_in_batch's batches of 4 rows");
@@ -325,34 +274,14 @@ __device__ __forceinline__ void staged_tile_rows(const GemmParams& p, const Tile
                                                  int warps, int lane, u64* staged, u32 parity) {
   using Rows = EpilogueRows<Cfg>;
   const int step = warps * Rows::R;
-  const int rows = min(BM, tc.m_hi - tc.m0);
+  const int rows = min(BM, tc.m_hi - tc.m0), col = tc.n0 + 4 * lane;
   Rows cur, next;
-  if constexpr (Cfg::BN == 128) {
-    const int col = tc.n0 + 4 * lane;
-    cur.load(p, tc, w * Rows::R, rows, col, lane);
-    if (staged) mbar_wait(staged, parity);
-    for (int r0 = w * Rows::R; r0 < rows; r0 += step) {  // (r0: multiples of R)
-      if (r0 + step < rows) next.load(p, tc, r0 + step, rows, col, lane);
-      cur.finish(p, tc, dacc, r0, rows, col, lane, 0, tc.n0 / 128);
-      cur = next;
-    }
-  } else {
-    // 256 columns a row, in two halves of 128 (4 a lane, as above): the batches of the first
-    // half's rows, then of the second's (none where the tile's second half lies past n), as one
-    // sequence v = 0, step, ... over span rows a half, so the next batch always loads ahead.
-    static_assert(Cfg::BN == 256, "staged tiles of 128 or 256 columns");
-    const int span = (rows + Rows::R - 1) / Rows::R * Rows::R;
-    const int end = (tc.n0 + 128 < p.n ? 2 : 1) * span;
-    auto half_of = [&](int v) { return v >= span ? 1 : 0; };
-    int v = w * Rows::R;
-    if (v < end) cur.load(p, tc, v - span * half_of(v), rows, tc.n0 + 128 * half_of(v) + 4 * lane, lane);
-    if (staged) mbar_wait(staged, parity);
-    for (; v < end; v += step) {
-      const int u = v + step, half = half_of(v);
-      if (u < end) next.load(p, tc, u - span * half_of(u), rows, tc.n0 + 128 * half_of(u) + 4 * lane, lane);
-      cur.finish(p, tc, dacc, v - span * half, rows, tc.n0 + 128 * half + 4 * lane, lane, half, tc.n0 / 128 + half);
-      cur = next;
-    }
+  cur.load(p, tc, w * Rows::R, rows, col, lane);
+  if (staged) mbar_wait(staged, parity);
+  for (int r0 = w * Rows::R; r0 < rows; r0 += step) {  // (r0: multiples of R)
+    if (r0 + step < rows) next.load(p, tc, r0 + step, rows, col, lane);
+    cur.finish(p, tc, dacc, r0, rows, col, lane);
+    cur = next;
   }
 }
 

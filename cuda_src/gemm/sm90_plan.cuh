@@ -72,22 +72,12 @@ struct Plan {
   // reading gate, up (and act) from global memory. (Their cost to the main loop is mostly their
   // math's issue slots, not their loads' latency: bench/NOTES.md v0.7.)
   static constexpr bool E_STAGED = Cfg::E_STAGED;
-  // A 128 x 256 staged tile (E_WIDE) has no fourth warpgroup: its consumers' wgmma m64n256 needs
-  // 154 registers a thread, and ptxas holds every role to the launch's share (128 at 512 threads;
-  // setmaxnreg moves registers at run time only), so the block stays at 384 threads (168 each)
-  // and the producer warpgroup's 3 spare warps are its epilogue warps, with a main loop twice
-  // as long per tile to hide them under.
-  static constexpr bool E_WIDE = E_STAGED && Cfg::BN == 256;
-  static constexpr int E_WARPS = E_STAGED ? (E_WIDE ? 3 : 3 + 4) : 0;
+  static constexpr int E_WARPS = E_STAGED ? 3 + 4 : 0;
   // Cfg::HELP_LAST: the warps that share a CTA's last staged tile, the consumers' after these.
   static constexpr int LAST_TILE_WARPS = E_WARPS + 4 * CONSUMER_WARPGROUPS;
-  static constexpr int THREADS = MAIN_THREADS + (E_STAGED && !E_WIDE ? 128 : 0);
+  static constexpr int THREADS = MAIN_THREADS + (E_STAGED ? 128 : 0);
   static constexpr int DACC = STAGING + CONSUMER_WARPGROUPS * STAGING_BYTES;  // see dacc_offset
-  // Cfg::E_BF16 (128 x 256 staged tiles): da' staged as bf16 pairs, 64 KB instead of 128, so the
-  // main loop keeps 3 stages of 48 KB. Where SOL-080's contract rounds da' to bf16 before any use
-  // it changes no bit; the layer's fp32 da' it rounds (gemm.STAGED_WIDE says where).
-  static constexpr int DACC_BYTES = E_STAGED ? BM * Cfg::BN * (Cfg::E_BF16 ? 2 : 4) : 0;
-
+  static constexpr int DACC_BYTES = E_STAGED ? BM * Cfg::BN * 4 : 0;
   static constexpr int BARRIERS = DACC + DACC_BYTES;                // full, empty
   static constexpr int TURNS = BARRIERS + 2 * Cfg::STAGES * 8;     // ping-pong: whose MMAs next
   static constexpr int EPI_BARRIERS = TURNS + 2 * 8;                // da' staged, buffer free
@@ -144,9 +134,7 @@ struct Plan {
   static_assert(Cfg::GROUPING != kKGrouped || (!Cfg::A_KMAJOR && !Cfg::B_KMAJOR),
                 "K-grouped GEMMs reduce over memory lines: both operands MN-major");
   static_assert(!E_STAGED || (Cfg::EPILOGUE == kSwigluBackward && !PINGPONG && !Cfg::C_TMA && !CPA &&
-                               (Cfg::BN == 128 && !Cfg::E_BF16 || Cfg::BN == 256 && Cfg::E_BF16)),
-                "staged SwiGLU epilogue: cooperative 128 x 128 tiles of fp32 da', or 128 x 256 of bf16, TMA loads");
-  static_assert(!Cfg::E_BF16 || E_STAGED, "bf16 staging is the staged SwiGLU epilogue's");
+                               Cfg::BN == 128), "staged SwiGLU epilogue: cooperative 128 x 128, TMA loads");
   static_assert(THREADS == HOST_THREADS, "Sm90Config.threads (cupy_moe/gpu/gemm.py) disagrees with this block");
   static_assert(SCHEDULE == HOST_TABLE_OFFSET,
                 "Sm90Config.smem_bytes (cupy_moe/gpu/gemm.py) disagrees with this layout");

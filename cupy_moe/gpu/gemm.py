@@ -33,14 +33,6 @@ PINGPONG = {"1": True, "0": False}.get(os.environ.get("CUPY_MOE_PINGPONG", ""), 
 # run it after each tile's main loop, the tensor cores idle); CUPY_MOE_STAGED_EPILOGUE=0 turns it
 # off for a process (A/B, tests).
 STAGED_EPILOGUE = os.environ.get("CUPY_MOE_STAGED_EPILOGUE", "1") != "0"
-# Which staged SwiGLU epilogues may run 128 x 256 tiles, their da' staged as bf16 pairs
-# (Sm90Config.E_BF16: 64 KB, so 3 stages fit beside it; fp32 would leave 2): "contract" (SOL-080's
-# rounding points, which round da' to bf16 before any use: the same bits), "all" (also the
-# layer's, whose fp32 da' it rounds) or "0" (none). Only where every SM still gets a tile
-# (_staged_wide). CUPY_MOE_STAGED_WIDE sets it (A/B).
-STAGED_WIDE = os.environ.get("CUPY_MOE_STAGED_WIDE", "0")
-if STAGED_WIDE not in ("contract", "all", "0"):
-    raise ValueError(f"CUPY_MOE_STAGED_WIDE: expected contract, all or 0, got {STAGED_WIDE!r}")
 # Staging units per consumer warpgroup for the bf16 TMA stores of cooperative 128 x 256 tiles
 # (Sm90Config.STORE_RING): 2 (16 KB reused as the stores read it, so 4 stages fit beside it) or 0
 # (64 rows x 256 in one buffer, 3 stages). CUPY_MOE_STORE_RING sets it (A/B).
@@ -200,7 +192,6 @@ class Sm90Config:
     C_TMA: bool = False  # bf16 results leave through shared memory and TMA stores
     PINGPONG: bool = False  # consumer warpgroups take whole tiles in turn (else share each tile)
     E_STAGED: bool = False  # SwiGLU backward on the producer's spare warps from staged fp32 da'
-    E_BF16: bool = False  # E_STAGED: 128 x 256 tiles, da' staged as bf16 pairs (STAGED_WIDE)
     SPLIT_K: bool = False  # fp32 pieces of the reduction (ungrouped GEMMs; the kernel reads
     # their count in GemmParams.num_groups)
     SPLIT_CLUSTER: bool = False  # the pieces of a tile are a cluster that sums them itself
@@ -243,7 +234,7 @@ class Sm90Config:
 
     @property
     def threads(self) -> int:
-        return self.THREADS + (128 if self.E_STAGED and self.BN == 128 else 0)  # the epilogue warpgroup
+        return self.THREADS + (128 if self.E_STAGED else 0)  # the epilogue warpgroup
 
     def smem_bytes(self, num_groups: int) -> int:
         stage = (self.BM + self.BN) * self.BK * 2
@@ -253,14 +244,14 @@ class Sm90Config:
             staging = 2 * self.STORE_RING * 64 * 64 * 2  # two consumer warpgroups' rings of 64 x 64 units
         else:
             staging = (2 if self.PINGPONG else 1) * self.BM * self.BN * (4 if self.EPILOGUE == EPILOGUES["f32"] else 2)
-        epilogue = self.BM * self.BN * (2 if self.E_BF16 else 4) + 16 if self.E_STAGED else 0
+        epilogue = self.BM * self.BN * 4 + 16 if self.E_STAGED else 0
         feed = 4 * (4 + 8 + 8) + 16  # TileFeed: 4 slots, their full and empty barriers, 1 int
         return 1024 + self.STAGES * (stage + 16) + staging + epilogue + 16 + feed + 4 * (num_groups + 1)
 
     @classmethod
     def choose(cls, m_tiles: int, n: int, sms: int, num_groups: int = 0, pingpong: bool = False,
                wide: bool = False, **flags) -> "Sm90Config":
-        """Cooperative: 128 for the staged SwiGLU epilogue (256 with E_BF16), else BN 256 where asked (wide) or
+        """Cooperative: 128 for the staged SwiGLU epilogue, else BN 256 where asked (wide) or
         where wide_tiles_pay and every SM still gets a tile, 64 for narrow outputs, else 128.
         Ping-pong: BN 64 for narrow outputs, else 128 (a warpgroup holds the whole 128 x BN
         accumulator). STAGES: as many as fit, at most 8 (ping-pong) or 4 / 6 / 8 by BN, one
@@ -270,7 +261,7 @@ class Sm90Config:
             most, ring = 8, 0
         else:
             if flags.get("E_STAGED") or flags.get("SPLIT_CLUSTER"):
-                bn = 256 if flags.get("E_BF16") else 128
+                bn = 128
             elif wide or wide_tiles_pay(n, flags.get("GROUPING", 0)) and m_tiles * cdiv(n, 256) >= sms:
                 bn = 256
             elif n <= 64:
@@ -444,7 +435,7 @@ def prepare(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_km
 
     opt = lambda a: 0 if a is None else _addr(a)
     sw = swiglu if epilogue == "swiglu_backward" else None
-    key = (cupy.cuda.Device().id, PINGPONG, STAGED_EPILOGUE, STAGED_WIDE, DYNAMIC_TILES, STORE_RING, F32_TMA, BAND_ROWS,
+    key = (cupy.cuda.Device().id, PINGPONG, STAGED_EPILOGUE, DYNAMIC_TILES, STORE_RING, F32_TMA, BAND_ROWS,
            BAND_NARROW_ROWS, BAND_GROUPED_ROWS,
            tuple(sorted(CONFIG_OVERRIDE.items())),
            m, n, a_kmajor, b_kmajor, opt(out), ldc, epilogue, grouping, opt(group_offsets),
@@ -676,8 +667,6 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
     if cluster:
         pingpong = c_tma = False
     staged = not pingpong and not cluster and _epilogue_staged(p, n, flags)
-    if staged and _staged_wide(p, m_tiles, n, sms):
-        flags = dict(flags, E_BF16=True)
     # Claims need a counter pair of the launch's own (none is made inside a stream capture: that
     # launch keeps the static order). A cluster's CTAs take one tile each, their rank's: no claims.
     if dynamic is None:
@@ -743,10 +732,8 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
         P.base.num_groups = pieces
         size = pieces * per_piece
         ctas = tiles = outputs * size
-    # The staged epilogue leaves one row partial per 128 columns, whatever its tile width.
-    partials = cdiv(n, 128) if cfg.E_STAGED else tiles_n
     return _Launch("sm90", module, "gemm_sm90_kernel", (ctas,), cfg.threads, smem, bytes(P),
-                   GemmSm90Params, cluster=size, m=m, n=n, tiles_n=partials, tiles=tiles)
+                   GemmSm90Params, cluster=size, m=m, n=n, tiles_n=tiles_n, tiles=tiles)
 
 
 _COUNTER_PAIRS = 1 << 16
@@ -808,14 +795,6 @@ def _epilogue_staged(p, n, flags) -> bool:
         return False
     arrays = [p.e_gate, p.e_up, p.e_dg, p.e_du] + ([p.e_act, p.e_aw] if p.e_aw else [])
     return not (any(a % 8 for a in arrays) or n % 4 or p.ldc % 4 or (p.e_ld_grad or p.ldc) % 4)
-
-
-def _staged_wide(p, m_tiles, n, sms) -> bool:
-    """Whether a staged SwiGLU epilogue takes 128 x 256 tiles (STAGED_WIDE): for results wider
-    than one 128-column tile, where every SM still gets a tile."""
-    if STAGED_WIDE == "0" or STAGED_WIDE == "contract" and not p.e_contract:
-        return False
-    return n > 128 and m_tiles * cdiv(n, 256) >= sms
 
 
 def _prepare_mma(p, segments, m, n, grouping, num_groups, flags) -> _Launch:
@@ -918,10 +897,4 @@ def example_sm90_configs():
                                  C_TMA=True, DYNAMIC=True))
     out.append(Sm90Config.choose(11, 4096, 132, 0, False, A_KMAJOR=False, B_KMAJOR=False, GROUPING=2,
                                  C_TMA=True, DYNAMIC=True))
-    # The staged SwiGLU epilogue in 128 x 256 tiles of bf16 da' (STAGED_WIDE): SOL-080's d_act
-    # (the last tile shared with the consumers) and the layer's routed dgrad.
-    out.append(Sm90Config.choose(64, 1408, 132, 0, False, A_KMAJOR=True, B_KMAJOR=False, EPILOGUE=3,
-                                 E_STAGED=True, E_BF16=True))
-    out.append(Sm90Config.choose(600, 1408, 132, 128, False, A_KMAJOR=True, B_KMAJOR=False, GROUPING=1,
-                                 EPILOGUE=3, E_STAGED=True, E_BF16=True, DYNAMIC=True))
     return [dataclasses.replace(cfg, BAND_M=band_rows(cfg)) for cfg in out]  # as _prepare_sm90 sets it

@@ -213,7 +213,6 @@ class _Plan:
     wd_first: bool = False                # grad_Wd first with the router beside it (WD_FIRST)
     swiglu_sms: int = 0                   # SMs of the elementwise SwiGLU beside grad_Wd (SWIGLU_SMS)
     store_ring: int = 0                   # gemm.STORE_RING (A/B: a graph per setting)
-    staged_wide: str = ""                 # gemm.STAGED_WIDE (A/B: a graph per setting)
     band_rows: tuple = ()                 # gemm.BAND_ROWS, BAND_NARROW_ROWS (A/B: a graph per setting)
     dgrad_wide: bool = False              # the unsplit dgrad in 128 x 256 tiles (DGRAD_WIDE)
 
@@ -281,7 +280,6 @@ class _Plan:
                    wd_transposed=_knob(WD_TRANSPOSED, T >= _WD_TRANSPOSED_MIN_T),
                    small_t_order=small_t_order, wd_first=wd_first, swiglu_sms=swiglu_sms,
                    store_ring=gemm_module.STORE_RING,
-                   staged_wide=gemm_module.STAGED_WIDE,
                    band_rows=(gemm_module.BAND_ROWS, gemm_module.BAND_NARROW_ROWS), dgrad_wide=dgrad_wide)
 
 
