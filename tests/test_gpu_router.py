@@ -12,21 +12,18 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_memory")]
 # 8: the portable main loop); E = 128 at GLM size with as many splits as fill the GPU; E = 256
 # (two row blocks per half). stacked: the split pieces as one GEMM of [hi; lo] rows (x read once),
 # or (router.STACKED = False, the A/B path) as two reductions of E rows.
-@pytest.mark.parametrize("stacked,cluster,narrow", [(True, True, "auto"), (True, True, "0"), (True, False, "auto"),
-                                                   (False, False, "auto")])
+@pytest.mark.parametrize("stacked,cluster", [(True, True), (True, False), (False, False)])
 @pytest.mark.parametrize("T,E,H", [(1, 128, 256), (300, 16, 640), (777, 128, 512), (1031, 6, 136),
                                    (8192, 128, 4096), (2053, 256, 384)])
-def test_weight_gradient(T, E, H, stacked, cluster, narrow, monkeypatch):
+def test_weight_gradient(T, E, H, stacked, cluster, monkeypatch):
     """cluster (gemm.SPLIT_CLUSTER): the stacked pieces summed inside the GEMM, a cluster of the
     2 x splits tiles of each output tile (E a multiple of 128; at every T here, past the T where
-    the library stops choosing it), or through global memory; narrow (router.NARROW_CLUSTER):
-    "auto" one piece in 128 x 64 tiles where its CTAs fit the SMs, "0" the pieces asked for."""
+    the library stops choosing it), or through global memory."""
     import cupy as cp
     from cupy_moe.gpu import gemm, router
 
     monkeypatch.setattr(router, "STACKED", stacked)
     monkeypatch.setattr(gemm, "SPLIT_CLUSTER", cluster)
-    monkeypatch.setattr(router, "NARROW_CLUSTER", narrow)
     monkeypatch.setattr(router, "_CLUSTER_SUM_MAX_T", 1 << 30)
     rng = np.random.default_rng(T + E)
     grl = rng.standard_normal((T, E)) * 1e-3
@@ -43,29 +40,3 @@ def test_weight_gradient(T, E, H, stacked, cluster, narrow, monkeypatch):
     again = cp.empty((E, H), cp.float32)
     router.weight_gradient(hi_lo, cp.asarray(x), again)
     np.testing.assert_array_equal(again.get(), got)  # deterministic
-
-
-@pytest.mark.parametrize("T,H", [(1031, 4096), (300, 200), (1, 64)])
-def test_narrow_cluster_tiles_give_the_same_bits(T, H):
-    """gemm(narrow) (the router weight gradient's one-piece cluster sum in 128 x 64 tiles) adds
-    the same products in the same order as 128 x 128 tiles: bitwise the same [hi; lo] sums,
-    a last column tile of 8 (H = 200) and a last k-tile of 7 lines (T = 1031) among them."""
-    import cupy as cp
-    from cupy_moe.gpu.gemm import Segment, gemm
-
-    E = 128
-    rng = np.random.default_rng(T + H)
-    grl = cp.asarray(rng.standard_normal((T, 2 * E), dtype=np.float32).astype(bfloat16))
-    x = cp.asarray(rng.standard_normal((T, H), dtype=np.float32).astype(bfloat16))
-    results = []
-    for narrow in (False, True):
-        out = cp.full((E, H), np.nan, cp.float32)
-        gemm(m=2 * E, n=H, segments=[Segment(grl, 2 * E, x, H, k=T)], a_kmajor=False, b_kmajor=False, out=out,
-             ldc=H, epilogue="f32", grouping="k", num_groups=1, sum_groups_and_halves=True, narrow=narrow,
-             engine="sm90")
-        results.append(out.get())
-    g = grl.get().astype(np.float64)
-    ref = (g[:, :E] + g[:, E:]).T @ x.get().astype(np.float64)
-    assert np.isfinite(results[1]).all()
-    assert np.linalg.norm(results[0] - ref) / np.linalg.norm(ref) < 1e-5
-    np.testing.assert_array_equal(results[0], results[1])

@@ -348,8 +348,7 @@ __device__ __forceinline__ void split_cluster_row(const GemmParams& p, int row, 
 // Cluster split-K (Cfg::SPLIT_CLUSTER): the sum of the tile's pieces, in piece order, and the
 // epilogue on it. Each CTA of the cluster has staged its piece's fp32 accumulators in its own
 // shared memory (the dacc layout, over the idle stages); CTA rank q takes rows q, q + S, q + 2 S,
-// ... of the tile, its 8 consumer warps CLUSTER_ROWS rows at a time, a lane 4 columns (128 x 64
-// tiles: a half-warp a row, so a warp's two halves take two rows side by side), reading every
+// ... of the tile, its 8 consumer warps CLUSTER_ROWS rows at a time, a lane 4 columns, reading every
 // piece's row from its CTA over DSMEM (loads in flight, then their adds in piece order: the same
 // bits whichever CTA sums a row). Run by the consumer warps (warp 0 .. 7); every thread of the
 // CTA takes part in both cluster barriers (the producer warpgroup on its own path, kernel_body):
@@ -372,12 +371,9 @@ __device__ __forceinline__ void split_cluster_epilogue(const GemmSm90Params& P, 
     const int rows = Cfg::GROUPING == kKGrouped ? min(BM, p.m / 2 - out_m0) : min(BM, tc.m_hi - tc.m0);
     const u32 base = smem_addr(smem);
     const int step = pieces * 8;  // a warp's rows r, r + step, ...
-    constexpr int SUBS = 128 / Cfg::BN;  // rows side by side in a warp
-    const int sub = lane / (32 / SUBS), cl = lane % (32 / SUBS);  // the lane's row and 4-column chunk
     // ROWS of them at once: every piece's loads of the batch in flight (IN_FLIGHT pieces at a
     // time) before their adds, so a warp pays the DSMEM latency once a batch instead of once a row.
-    for (int w0 = rank + pieces * warp; w0 < rows; w0 += SUBS * ROWS * step) {
-      const int r0 = w0 + sub * ROWS * step;
+    for (int r0 = rank + pieces * warp; r0 < rows; r0 += ROWS * step) {
       float4 sum[ROWS];
       #pragma unroll
       for (int q0 = 0; q0 < MAX_PIECES; q0 += IN_FLIGHT) {  // IN_FLIGHT loads a row, then their adds
@@ -388,7 +384,7 @@ __device__ __forceinline__ void split_cluster_epilogue(const GemmSm90Params& P, 
           #pragma unroll
           for (int q = 0; q < IN_FLIGHT; ++q)
             if (r0 + j * step < rows && q0 + q < pieces)
-              v[j][q] = ld_peer_f4(peer_smem_addr(base + dacc_offset(r0 + j * step, cl), q0 + q));
+              v[j][q] = ld_peer_f4(peer_smem_addr(base + dacc_offset(r0 + j * step, lane), q0 + q));
         #pragma unroll
         for (int j = 0; j < ROWS; ++j)
           #pragma unroll
@@ -406,7 +402,7 @@ __device__ __forceinline__ void split_cluster_epilogue(const GemmSm90Params& P, 
       }
       #pragma unroll
       for (int j = 0; j < ROWS; ++j)
-        if (r0 + j * step < rows) split_cluster_row<Cfg>(p, out_m0 + r0 + j * step, tc.m_hi, tc.n0 + 4 * cl, sum[j]);
+        if (r0 + j * step < rows) split_cluster_row<Cfg>(p, out_m0 + r0 + j * step, tc.m_hi, tc.n0 + 4 * lane, sum[j]);
     }
   }
   __syncwarp();

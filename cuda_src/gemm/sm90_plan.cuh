@@ -121,11 +121,11 @@ struct Plan {
   // SPLIT_CLUSTER: the S pieces of a tile are a cluster of S CTAs, one tile each; each leaves its
   // fp32 accumulators in its shared memory (over the idle stages) and the cluster sums them over
   // DSMEM, in piece order, a row at a time, before the epilogue (split_cluster_epilogue).
-  static_assert(!Cfg::SPLIT_CLUSTER || ((Cfg::SPLIT_K || Cfg::GROUPING == kKGrouped) && (Cfg::BN == 128 || Cfg::BN == 64) &&
+  static_assert(!Cfg::SPLIT_CLUSTER || ((Cfg::SPLIT_K || Cfg::GROUPING == kKGrouped) && Cfg::BN == 128 &&
                                         !PINGPONG && !Cfg::C_TMA &&
                                         !E_STAGED && Cfg::EPILOGUE != kAccumulateF32 &&
                                         Cfg::STAGES * STAGE_BYTES >= BM * 128 * 4),
-                "cluster split-K: cooperative 128 x 128 (or 128 x 64) tiles, register epilogues");
+                "cluster split-K: cooperative 128 x 128 tiles, register epilogues");
   static_assert(!Cfg::DYNAMIC || !Cfg::SPLIT_CLUSTER, "a cluster's CTAs take their rank's tile");
   // ROW_SPLIT: rows [0, c2_rows) of the result leave as fp32 to c2, the rest as bf16 to c (from
   // its row 0); tiles that reach into the fp32 rows store from registers.

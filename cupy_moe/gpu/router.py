@@ -19,13 +19,6 @@ STACKED = os.environ.get("CUPY_MOE_ROUTER_WGRAD_STACKED", "1") != "0"
 # A/B only: 0 sums the stacked pieces through global memory and sum_splits even where a cluster
 # could sum them inside the GEMM (gemm.SPLIT_CLUSTER must be on too).
 SUM_IN_GEMM = os.environ.get("CUPY_MOE_ROUTER_WGRAD_CLUSTER", "1") != "0"
-# Where the pieces are summed in the GEMM: one piece in 128 x 64 tiles (gemm(narrow)), its [hi; lo]
-# halves as clusters of 2, instead of the pieces weight_gradient_splits asks for in 128 x 128
-# tiles, whose clusters of 2 x pieces CTAs do not all fit at once (30 clusters of 4 on an H200 for
-# the 32 tiles of E = 128, H = 4096), so gemm() cuts them to one piece: 64 CTAs, K = T each, as the
-# last launch of a mid-T SOL-080 call. Narrow, twice the CTAs take half the columns each. "auto":
-# where those CTAs fit on the SMs; "1" always; "0" never (A/B).
-NARROW_CLUSTER = os.environ.get("CUPY_MOE_ROUTER_WGRAD_NARROW", "auto")
 
 
 def _module():
@@ -98,13 +91,6 @@ def summed_in_the_gemm(T: int, E: int) -> bool:
             and T <= _CLUSTER_SUM_MAX_T)
 
 
-def narrow_in_the_gemm(T: int, E: int, H: int) -> bool:
-    """Whether weight_gradient's in-GEMM sum takes one piece in 128 x 64 tiles (NARROW_CLUSTER)."""
-    if not summed_in_the_gemm(T, E) or weight_gradient_splits(T, E, H) == 1 or NARROW_CLUSTER == "0":
-        return False
-    return NARROW_CLUSTER == "1" or 2 * cdiv(E, 128) * cdiv(H, 64) <= device_sms()
-
-
 def weight_gradient_pieces_shape(T: int, E: int, H: int):
     """Shape of the fp32 pieces weight_gradient sums (None when it writes out directly)."""
     splits = weight_gradient_splits(T, E, H)
@@ -117,8 +103,7 @@ def weight_gradient(grl, x, out, partial=None, cancel=None) -> None:
     - one piece (weight_gradient_splits == 1): one GEMM over the two reductions hi^T x and lo^T x.
     - E a multiple of 128 and T <= _CLUSTER_SUM_MAX_T (summed_in_the_gemm): one K-grouped GEMM of
       the stacked rows [hi^T; lo^T] x in token pieces; the 2 x splits (piece, half) tiles of each
-      output tile form a cluster that adds them in that order over distributed shared memory
-      (narrow_in_the_gemm: one piece, 128 x 64 tiles).
+      output tile form a cluster that adds them in that order over distributed shared memory.
     - else: the stacked K-grouped GEMM into fp32 pieces [splits, 2E, H] in global memory (given
       as partial, or allocated here), added by a kernel in (piece, half) order.
     Each form adds in a fixed order (deterministic); stacked, each piece reads its tokens of x
@@ -132,10 +117,9 @@ def weight_gradient(grl, x, out, partial=None, cancel=None) -> None:
              epilogue="f32", cancel=cancel)
         return
     if summed_in_the_gemm(T, E):
-        narrow = narrow_in_the_gemm(T, E, H)
         gemm(m=E2, n=H, segments=halves[:1], a_kmajor=False, b_kmajor=False, out=out, ldc=H,
-             epilogue="f32", grouping="k", num_groups=1 if narrow else splits, sum_groups_and_halves=True,
-             narrow=narrow, cancel=cancel)
+             epilogue="f32", grouping="k", num_groups=splits, sum_groups_and_halves=True,
+             cancel=cancel)
         return
     shape = weight_gradient_pieces_shape(T, E, H)
     _, rows, _ = shape
