@@ -156,37 +156,6 @@ extern "C" __global__ void sol080_swiglu_backward_bulk(const bf16_t* __restrict_
 }
 
 // The same from d_act's split-K pieces (fp32 [pieces][n]): d_act = bf16(their sum, in order).
-// Blocks `block` of `blocks` walk the elements grid-stride (the kernels below give their own).
-__device__ __forceinline__ void swiglu_from_pieces(int block, int blocks, const float* __restrict__ d_act_pieces,
-                                                   int pieces, const bf16_t* __restrict__ gate,
-                                                   const bf16_t* __restrict__ up,
-                                                   bf16_t* __restrict__ d_gate_up, int I, i64 n, i64 ld) {
-  const i64 first = (i64)block * blockDim.x + threadIdx.x, stride = (i64)blocks * blockDim.x;
-  if (I % 8 == 0 && ld % 8 == 0 && aligned16(d_act_pieces) && aligned16(gate) && aligned16(up) &&
-      aligned16(d_gate_up)) {
-    for (i64 v = first; v < n / 8; v += stride) {
-      float da[8];
-      sum_of_pieces_x8(d_act_pieces, pieces, n, 8 * v, da);
-      #pragma unroll
-      for (int e = 0; e < 8; ++e) da[e] = round_bf16(da[e]);
-      contract_swiglu_backward_x8(da, 8 * v, gate, up, d_gate_up, I, ld);
-    }
-    return;
-  }
-  for (i64 i = first; i < n; i += stride)
-    contract_swiglu_backward(round_bf16(sum_of_pieces(d_act_pieces, pieces, n, i)), i, gate, up,
-                             d_gate_up, I, ld);
-}
-
-// The same, not inlined: inlined beside the router's rows (sol080_swiglu_pieces_and_router) ptxas
-// spilled 4 bytes.
-__device__ __noinline__ void swiglu_from_pieces_apart(int block, int blocks, const float* __restrict__ d_act_pieces,
-                                                      int pieces, const bf16_t* __restrict__ gate,
-                                                      const bf16_t* __restrict__ up,
-                                                      bf16_t* __restrict__ d_gate_up, int I, i64 n, i64 ld) {
-  swiglu_from_pieces(block, blocks, d_act_pieces, pieces, gate, up, d_gate_up, I, n, ld);
-}
-
 extern "C" __global__ void sol080_swiglu_backward_pieces(const float* __restrict__ d_act_pieces,
                                                          int pieces, const bf16_t* __restrict__ gate,
                                                          const bf16_t* __restrict__ up,
@@ -195,7 +164,20 @@ extern "C" __global__ void sol080_swiglu_backward_pieces(const float* __restrict
   wait_prior_grids();
   TRACE_SCOPE();
   if (cancelled(cancel)) return;
-  swiglu_from_pieces(blockIdx.x, gridDim.x, d_act_pieces, pieces, gate, up, d_gate_up, I, n, ld);
+  if (I % 8 == 0 && ld % 8 == 0 && aligned16(d_act_pieces) && aligned16(gate) && aligned16(up) &&
+      aligned16(d_gate_up)) {
+    FOR_EACH_CHUNK8(v, n) {
+      float da[8];
+      sum_of_pieces_x8(d_act_pieces, pieces, n, 8 * v, da);
+      #pragma unroll
+      for (int e = 0; e < 8; ++e) da[e] = round_bf16(da[e]);
+      contract_swiglu_backward_x8(da, 8 * v, gate, up, d_gate_up, I, ld);
+    }
+    return;
+  }
+  FOR_EACH_ELEMENT(i, n)
+    contract_swiglu_backward(round_bf16(sum_of_pieces(d_act_pieces, pieces, n, i)), i, gate, up,
+                             d_gate_up, I, ld);
 }
 
 // bf16(sum of split-K pieces, in order): fp32 [pieces][n] -> bf16 [n].
@@ -294,16 +276,19 @@ __device__ __forceinline__ void write_grl(float grl, i64 at, bf16_t* __restrict_
   lo[at] = f32_to_bf16(grl - bf16_to_f32(h));
 }
 
-// The router's rows for block `block` (kRouterWarps tokens, a warp each); the block's first bad
-// rows (range, repeat) folded into first_bad (shared, kNoRow-initialised, synchronised after).
-__device__ __forceinline__ void router_tokens(int block, const bf16_t* __restrict__ grad_out,
-                                              const float* __restrict__ topk_w,
-                                              const i64* __restrict__ topk_idx, const float* __restrict__ mask,
-                                              const float* __restrict__ scores, int T, int H, int E, int K,
-                                              bf16_t* __restrict__ hi_rows, int ld, int lo_offset,
-                                              int* first_bad) {
+extern "C" __global__ void __launch_bounds__(kRouterWarps * 32)
+sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ topk_w,
+              const i64* __restrict__ topk_idx, const float* __restrict__ mask,
+              const float* __restrict__ scores, int T, int H, int E, int K,
+              bf16_t* __restrict__ hi_rows, int ld, int lo_offset, int* __restrict__ check_scratch,
+              volatile int* check_report) {
+  wait_prior_grids();
+  TRACE_SCOPE();
+  __shared__ int first_bad[2];
+  if (threadIdx.x == 0) first_bad[0] = first_bad[1] = kNoRow;
+  __syncthreads();
   const int lane = threadIdx.x % 32;
-  const int t = block * kRouterWarps + threadIdx.x / 32;
+  const int t = blockIdx.x * kRouterWarps + threadIdx.x / 32;
   if (t < T) {  // the whole warp: t is the warp's
     const i64 at0 = (i64)t * E;  // row t of scores and mask
     bf16_t* const hi = hi_rows + (i64)t * ld;
@@ -356,64 +341,6 @@ __device__ __forceinline__ void router_tokens(int block, const bf16_t* __restric
       }
     }
   }
-}
-
-__device__ __forceinline__ void clear_first_bad(int* first_bad) {
-  if (threadIdx.x == 0) first_bad[0] = first_bad[1] = kNoRow;
-  __syncthreads();
-}
-
-extern "C" __global__ void __launch_bounds__(kRouterWarps * 32)
-sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ topk_w,
-              const i64* __restrict__ topk_idx, const float* __restrict__ mask,
-              const float* __restrict__ scores, int T, int H, int E, int K,
-              bf16_t* __restrict__ hi_rows, int ld, int lo_offset, int* __restrict__ check_scratch,
-              volatile int* check_report) {
-  wait_prior_grids();
-  TRACE_SCOPE();
-  __shared__ int first_bad[2];
-  clear_first_bad(first_bad);
-  router_tokens(blockIdx.x, grad_out, topk_w, topk_idx, mask, scores, T, H, E, K, hi_rows, ld, lo_offset,
-                first_bad);
   __syncthreads();
   if (threadIdx.x == 0) publish_topk_verdict(first_bad[0], first_bad[1], check_scratch, check_report);
-}
-
-// Small T, where d_act runs split-K: the router's rows (blocks [0, router_blocks)) in the same
-// grid as the SwiGLU sum of d_act's pieces (the rest), so that the dgrad follows one launch
-// programmatically instead of also waiting for a router kernel on another stream (~3 us a call),
-// and d_act takes every SM. The index check takes the deferred form (topk_check.cuh): the
-// verdict for the launches after this grid at check_scratch[4], the host's report by
-// sol080_report_check once they are all enqueued. Router blocks first: the SwiGLU sum's grid
-// fills the SMs, and blocks start in index order.
-extern "C" __global__ void __launch_bounds__(kRouterWarps * 32)
-sol080_swiglu_pieces_and_router(const float* __restrict__ d_act_pieces, int pieces,
-                                const bf16_t* __restrict__ gate, const bf16_t* __restrict__ up,
-                                bf16_t* __restrict__ d_gate_up, int I, i64 n, i64 ld_grad,
-                                int router_blocks, const bf16_t* __restrict__ grad_out,
-                                const float* __restrict__ topk_w, const i64* __restrict__ topk_idx,
-                                const float* __restrict__ mask, const float* __restrict__ scores, int T,
-                                int H, int E, int K, bf16_t* __restrict__ hi_rows, int ld, int lo_offset,
-                                int* __restrict__ check_scratch) {
-  wait_prior_grids();
-  TRACE_SCOPE();
-  if ((int)blockIdx.x >= router_blocks) {
-    swiglu_from_pieces_apart(blockIdx.x - router_blocks, gridDim.x - router_blocks, d_act_pieces, pieces, gate,
-                             up, d_gate_up, I, n, ld_grad);
-    return;
-  }
-  __shared__ int first_bad[2];
-  clear_first_bad(first_bad);
-  router_tokens(blockIdx.x, grad_out, topk_w, topk_idx, mask, scores, T, H, E, K, hi_rows, ld, lo_offset,
-                first_bad);
-  __syncthreads();
-  if (threadIdx.x == 0) mark_topk_verdict(first_bad[0], first_bad[1], check_scratch);
-}
-
-// The deferred check's report (sol080_swiglu_pieces_and_router): one thread, after every launch
-// that reads the verdict.
-extern "C" __global__ void sol080_report_check(int* __restrict__ check_scratch, volatile int* check_report) {
-  wait_prior_grids();
-  TRACE_SCOPE();
-  if (threadIdx.x == 0) report_topk_verdict(check_scratch, check_report);
 }

@@ -72,14 +72,12 @@ class IndexCheck:
     (a later check's verdict is then its own). keep: the buffers behind cancel and kernel_args,
     which whatever replays those launches later (a captured CUDA graph) must hold, so that their
     addresses are neither freed nor handed to another check while it can still run; report: the
-    address the verdict is reported to (with cancel, what such a replay bakes in);
-    deferred_cancel: cancel's counterpart for a check in the deferred form (the caller's kernel
-    marks bad rows, a report kernel after every reader tells the host: common/topk_check.cuh)."""
+    address the verdict is reported to (with cancel, what such a replay bakes in)."""
 
     def __init__(self, finish=lambda: None, cancel=None, kernel_args=None, settle=lambda: None, keep=None,
-                 report=None, deferred_cancel=None):
+                 report=None):
         self.finish, self.cancel, self.kernel_args, self.settle = finish, cancel, kernel_args, settle
-        self.keep, self.report, self.deferred_cancel = keep, report, deferred_cancel
+        self.keep, self.report = keep, report
 
 
 def check_topk_indices(name: str, idx, n_experts: int) -> None:
@@ -120,8 +118,7 @@ def _topk_check(name, idx, n_experts, launch=True) -> IndexCheck:
                 raise ValueError(f"{name}: expected distinct experts within a row, row {bad_repeat} "
                                  f"repeats one: {idx[bad_repeat].get().tolist()}")
         return IndexCheck(finish, pending.cancel, None if launch else pending.kernel_args,
-                          pending.settle, keep=pending.buffers, report=pending.buffers.device_report,
-                          deferred_cancel=pending.deferred_cancel)
+                          pending.settle, keep=pending.buffers, report=pending.buffers.device_report)
     _check_topk_numpy(name, idx, n_experts)
     return IndexCheck()
 

@@ -45,23 +45,12 @@ def plan_of(monkeypatch):
     (6144, 1, False),   # 528 tiles: 4 full rounds
     (8192, 1, True)])   # 704 tiles, 6 rounds on 118 CTAs
 def test_d_act_pieces_and_router_place(plan_of, T, splits, beside, monkeypatch):
-    """With ROUTER_IN_SUM off (A/B). (From T = 5120 grad_Wd takes the router beside it instead:
-    WD_FIRST, tested below.)"""
+    """(From T = 5120 grad_Wd takes the router beside it instead: WD_FIRST, tested below.)"""
     from cupy_moe.gpu import sol080
 
     monkeypatch.setattr(sol080, "WD_FIRST", "0")
-    monkeypatch.setattr(sol080, "ROUTER_IN_SUM", False)
     p = plan_of(T)
-    assert (p.act_splits, p.act_fused, p.router_beside, p.router_in_sum) == (splits, splits == 1, beside, False)
-
-
-@pytest.mark.parametrize("T,splits", [(1, 8), (192, 6), (211, 6), (293, 4), (384, 4), (512, 3)])
-def test_split_d_act_takes_every_sm_with_the_router_in_the_sum(plan_of, T, splits):
-    """Where d_act runs split-K, the router's rows run in the SwiGLU sum's grid (ROUTER_IN_SUM):
-    d_act in all the pieces k_splits_for gives (no SMs left to a router beside it)."""
-    p = plan_of(T)
-    assert (p.act_splits, p.router_beside, p.router_in_sum) == (splits, False, True)
-    assert not plan_of(997).router_in_sum  # unsplit: the router beside the fused d_act
+    assert (p.act_splits, p.act_fused, p.router_beside) == (splits, splits == 1, beside)
 
 
 def test_one_stream_puts_the_router_first(plan_of, monkeypatch):
@@ -70,8 +59,6 @@ def test_one_stream_puts_the_router_first(plan_of, monkeypatch):
     monkeypatch.setattr(sol080, "CONCURRENT", False)
     assert [plan_of(T).router_beside for T in (192, 2053, 8192)] == [False] * 3
     assert plan_of(192).act_splits == 6  # all the pieces k_splits_for gives: no room to leave
-    monkeypatch.setattr(sol080, "ROUTER_IN_SUM", False)
-    assert plan_of(192).act_splits == 6 and not plan_of(192).router_in_sum
 
 
 def test_the_unfused_ab_knob_keeps_the_router_beside(plan_of, monkeypatch):
@@ -240,13 +227,12 @@ def test_grad_wd_first_from_5120_tokens_and_where_the_router_would_go_first(plan
     Ts = (192, 997, 2053, 3072, 3089, 4093, 6144, 8192)
     plans = [plan_of(T) for T in Ts]
     assert [p.wd_first for p in plans] == [False] * 3 + [True, False, False, True, True]
-    assert [p.router_beside for p in plans] == [False] + [True] * 2 + [False, True, True, False, False]
-    assert plans[0].router_in_sum  # (split d_act: the router in the SwiGLU sum's grid)
+    assert [p.router_beside for p in plans] == [True] * 3 + [False, True, True, False, False]
     assert [p.wgrad_fused for p in plans] == [False] * 3 + [True, False, True, True, True]
     monkeypatch.setattr(sol080, "WD_FIRST", "1")
     plans = [plan_of(T) for T in Ts]
     assert [p.wd_first for p in plans] == [False] + [True] * 7
-    assert [p.router_beside for p in plans] == [False] * 8
+    assert [p.router_beside for p in plans] == [True] + [False] * 7
     monkeypatch.setattr(sol080, "WD_FIRST", "0")
     assert not any(plan_of(T).wd_first for T in Ts)
     assert not plan_of(3072).wgrad_fused

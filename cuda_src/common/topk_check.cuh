@@ -6,7 +6,6 @@
 //   scratch[0], [1]: the first row with an index outside [0, E) / repeating an expert (kNoRow: none)
 //   scratch[2]:      blocks done; scratch[3]: the last verdict (nonzero: bad), which the launches
 //                    enqueued after the check read at entry (cancelled() in types.cuh)
-//   scratch[4]:      the deferred form's verdict (below), zero between checks
 //   report[0..2]:    host-mapped [first bad-range row, first repeat row, done flag]. The host
 //                    clears the flag before it launches the check and waits for every check it
 //                    launched, so a set flag is this check's. No sequence number travels to the
@@ -15,12 +14,6 @@
 // Each block folds its rows into scratch[0..1]; the last block to finish publishes the verdict,
 // then the flag, and resets scratch[0..2] for the next call: no memset, no copy and no stream
 // sync. The host polls report[2].
-// The deferred form (mark_topk_verdict, report_topk_verdict) keeps all of that off the checking
-// grid's end, where the last block's atomics and its write to host memory cost microseconds on a
-// critical path (SOL-080's small-T router, run inside another kernel's grid): a block with a bad
-// row folds it in and sets scratch[4], which the launches after the grid read; a one-thread
-// launch after all of them tells the host and clears scratch[0..1] and [4] (scratch[3], the
-// other form's last verdict, is left as it is: a stale 1 there cannot reach this form's readers).
 #pragma once
 #include "types.cuh"
 
@@ -58,25 +51,6 @@ __device__ __forceinline__ void publish_topk_verdict(int block_bad_range, int bl
   report[0] = bad_range;
   report[1] = bad_repeat;
   scratch[2] = 0;
-  __threadfence_system();  // the verdict reaches the host before the flag does
-  report[2] = 1;
-}
-
-// The deferred form: called by one thread of every block that checked rows.
-__device__ __forceinline__ void mark_topk_verdict(int block_bad_range, int block_bad_repeat,
-                                                  int* __restrict__ scratch) {
-  if (block_bad_range == kNoRow && block_bad_repeat == kNoRow) return;
-  if (block_bad_range != kNoRow) atomicMin(&scratch[0], block_bad_range);
-  if (block_bad_repeat != kNoRow) atomicMin(&scratch[1], block_bad_repeat);
-  atomicExch(&scratch[4], 1);
-}
-
-// The deferred form's report, by one thread after every launch that reads scratch[4].
-__device__ __forceinline__ void report_topk_verdict(int* __restrict__ scratch, volatile int* report) {
-  const int bad_range = atomicExch(&scratch[0], kNoRow), bad_repeat = atomicExch(&scratch[1], kNoRow);
-  atomicExch(&scratch[4], 0);
-  report[0] = bad_range;
-  report[1] = bad_repeat;
   __threadfence_system();  // the verdict reaches the host before the flag does
   report[2] = 1;
 }

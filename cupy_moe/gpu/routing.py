@@ -49,11 +49,11 @@ _check_state = {}  # (device, stream) -> _CheckBuffers
 
 class _CheckBuffers:
     """The top-k check's device scratch ([0..2] reset by the kernel itself after every check, [3]
-    the last verdict, [4] the deferred form's verdict) and its host-mapped report [first
-    out-of-range row, first repeating row, done flag] (cuda_src/common/topk_check.cuh)."""
+    the last verdict) and its host-mapped report [first out-of-range row, first repeating row,
+    done flag] (cuda_src/common/topk_check.cuh)."""
 
     def __init__(self):
-        self.scratch = cp.array([_NO_ROW, _NO_ROW, 0, 0, 0], cp.int32)
+        self.scratch = cp.array([_NO_ROW, _NO_ROW, 0, 0], cp.int32)
         self.pinned = cp.cuda.alloc_pinned_memory(3 * 4)
         self.report = np.frombuffer(self.pinned, np.int32, 3)
         self.report[:] = (_NO_ROW, _NO_ROW, 0)
@@ -65,9 +65,7 @@ class PendingCheck:
     """A top-k check of the current stream, about to be launched. kernel_args: the (scratch,
     report) pointers of the kernel that runs it (check_topk_indices, or SOL-080's router kernel);
     cancel: the device address of its verdict (nonzero: bad), for the launches enqueued after it
-    to read (gemm's cancel), or deferred_cancel where the check takes the deferred form (a kernel
-    that marks bad rows, then one that reports: topk_check.cuh); result() waits for the host's
-    copy of the verdict and returns (first
+    to read (gemm's cancel); result() waits for the host's copy of the verdict and returns (first
     row with an out-of-range index, first row repeating an expert), None where none. Whoever
     launches the check waits for it (result(), or settle() when the call fails on its way), so
     the next check's done flag cannot be set by this one. buffers: what a replay of the kernel
@@ -77,7 +75,6 @@ class PendingCheck:
         self._stream, self._report, self.buffers = stream, buffers.report, buffers
         self.kernel_args = [ptr(buffers.scratch), ptr(buffers.device_report)]
         self.cancel = buffers.scratch.data.ptr + 3 * 4
-        self.deferred_cancel = buffers.scratch.data.ptr + 4 * 4
 
     def result(self):
         report = self._report

@@ -6,8 +6,7 @@ points, writing [d_gate | d_up] rows directly (d_act is never stored); where the
 not apply (odd strides), d_act is stored and an elementwise kernel follows. At small T, where
 d_act's few output tiles would leave most SMs idle through a K = H reduction, it runs split-K
 into fp32 pieces and the SwiGLU kernel sums them first (gemm.k_splits_for; the dgrad likewise
-where grad_[Wg; Wu] does not follow it on the main stream: DGRAD_SPLITS); the router's rows and
-the index check then run in that kernel's grid (ROUTER_IN_SUM).
+where grad_[Wg; Wu] does not follow it on the main stream: DGRAD_SPLITS).
 
 The contract's three dgrad products (d_up Wu, d_gate Wg, bf16(grl) Wr) run as one GEMM over the
 concatenated reduction, accumulated in fp32 and rounded once (within the pass rule; the contract
@@ -32,11 +31,8 @@ The launches form a small DAG over two streams (fork/join by events, captured as
 in one of three orders (_Plan): as drawn (mid T); grad_Wd first on the main stream, the router
 beside it, then d_act (wd_first: T >= 5120, and T = 3072); or at small T grad_[Wg; Wu] after the
 dgrad on the main stream (small_t_order).
-The router kernel runs the call's index check, whose verdict every later launch reads (at small T
-the SwiGLU sum's grid runs both, and a one-thread launch ending the side branch reports the
-verdict to the host; launches still to start on the main stream may then run on bad indices,
-which no launch reads past the router's rows, and the host raises before any result is
-returned). It runs beside d_act where d_act leaves it at least 8 SMs (_Plan.router_beside: d_act on the fewest CTAs
+The router kernel runs the call's index check, whose verdict every later launch reads. It runs
+beside d_act where d_act leaves it at least 8 SMs (_Plan.router_beside: d_act on the fewest CTAs
 that keep its rounds, or split in fewer pieces); every GEMM CTA takes a whole SM's registers, so
 a router queued beside a d_act that fills the SMs would wait for it and hold back the dgrad:
 there (T = 3072) it goes first, alone, on the main stream. From T = 5120 (WD_FIRST) grad_Wd runs
@@ -95,12 +91,6 @@ WIDE_D_ACT = os.environ.get("CUPY_MOE_SOL080_WIDE_D_ACT", "0") != "0"
 # Where the router weight gradient runs as the first rows of the grad_[Wg; Wu] GEMM instead of as
 # its own GEMM (router.weight_gradient): "auto" (module doc), "1" everywhere, "0" nowhere.
 FUSED_WGRAD = os.environ.get("CUPY_MOE_SOL080_FUSED_WGRAD", "auto")
-# Where d_act runs split-K (small T), the router's rows run in the grid of the SwiGLU sum of its
-# pieces (sol080_swiglu_pieces_and_router) instead of as a kernel beside d_act on SMs it leaves:
-# d_act takes every SM, and the dgrad follows that one grid programmatically instead of also
-# waiting for the router's event from the side stream (~3 us, bench/NOTES.md v0.33). The index
-# check then takes the deferred form: its report is the side branch's last launch. "1" | "0" (A/B).
-ROUTER_IN_SUM = os.environ.get("CUPY_MOE_SOL080_ROUTER_IN_SUM", "1") != "0"
 # A/B only: 1 sums small-T d_act's and the dgrad's split-K pieces in the GEMM, a cluster per tile
 # (gemm.SPLIT_CLUSTER), instead of through global memory and the sum kernels: 1.5-5 us slower at
 # T <= 384 (bench/NOTES.md v0.9).
@@ -208,7 +198,6 @@ class _Plan:
     act_fused: bool
     dgrad_splits: int
     router_beside: bool = False
-    router_in_sum: bool = False           # the router's rows in the SwiGLU sum's grid (ROUTER_IN_SUM)
     even_rounds: frozenset = frozenset()  # EVEN_ROUNDS (A/B)
     claims: frozenset = frozenset()       # the GEMMs that claim their tiles (CLAIMS)
     wgrad_at: str = "auto"                # WGRAD_AT (A/B)
@@ -244,9 +233,7 @@ class _Plan:
                     not router_beside and sms - even_round_ctas(wide_tiles, sms) >= _ROUTER_SMS)
         if act_wide:
             act_fused, router_beside = False, True
-        split_cluster = gemm_module.SPLIT_CLUSTER and SPLIT_CLUSTER
-        router_in_sum = ROUTER_IN_SUM and act_splits > 1 and not split_cluster
-        if CONCURRENT and act_splits > 1 and not router_in_sum:
+        if CONCURRENT and act_splits > 1:
             # Split d_act fills the SMs in one round: with fewer pieces it leaves the router
             # kernel room beside it (each piece a longer reduction: +20-50% of ~17 us, against
             # the router's ~14 us alone in front).
@@ -284,8 +271,8 @@ class _Plan:
         dgrad_wide = dgrad_on_sm90 and dgrad_splits == 1 and _knob(
             DGRAD_WIDE, _DGRAD_WIDE_FILL * sms <= wide_tiles < sms)
         return cls(act_splits=act_splits, act_fused=act_fused, dgrad_splits=dgrad_splits,
-                   router_beside=router_beside, router_in_sum=router_in_sum, even_rounds=EVEN_ROUNDS,
-                   claims=claims, wgrad_at=WGRAD_AT, wgrad_stacked=router.STACKED, split_cluster=split_cluster,
+                   router_beside=router_beside, even_rounds=EVEN_ROUNDS, claims=claims, wgrad_at=WGRAD_AT,
+                   wgrad_stacked=router.STACKED, split_cluster=gemm_module.SPLIT_CLUSTER and SPLIT_CLUSTER,
                    wgrad_cluster=router.summed_in_the_gemm(T, E),
                    act_wide=act_wide, wgrad_fused=wgrad_fused,
                    wd_pingpong=_knob(WD_PINGPONG, T <= _WD_PINGPONG_MAX_T),
@@ -405,7 +392,7 @@ def sol080_backward(g, x, wr, bias, logits, scores, idx, tw, mask, wg, wu, wd, g
 
 def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> None:
     grad_h, grad_router, grad_wgu, grad_wd = outputs
-    cancel = check.deferred_cancel if plan.router_in_sum else check.cancel
+    cancel = check.cancel
     d_act, wd_grad = _d_act_gemm(inputs, ws, plan), _grad_wd_gemm(inputs, grad_wd, plan)
     dgrad = _dgrad_gemm(inputs, grad_h, ws, plan)
     wgu_grad = _grad_wgu_gemm(inputs, grad_wgu, grad_router, ws, plan)
@@ -418,7 +405,7 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
     # d_act and grad_Wd read no routing: beside the router kernel (which runs the check) they
     # cannot wait for the verdict, and do not need to; after it, they read it like the rest.
     router_early = plan.router_beside or plan.wd_first  # beside d_act or grad_Wd, not first
-    d_act["cancel"] = None if router_early or plan.router_in_sum else cancel
+    d_act["cancel"] = None if router_early else cancel
     d_act["even_rounds"] = plan.router_beside
     if plan.wd_first:
         wd_grad.update(cancel=None, even_rounds=True)
@@ -437,7 +424,7 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
     if plan.swiglu_sms:
         wd_grad["max_ctas"] = device_sms() - plan.swiglu_sms
     router_kernel = lambda: _router_kernel(inputs, *_grl_at(inputs, ws, plan), check.kernel_args)
-    if not router_early and not plan.router_in_sum:
+    if not router_early:
         router_kernel()  # first: the index check every launch reads
     if side is not None:
         side.fork.record(main)
@@ -453,12 +440,8 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
             router_kernel()
             side.router_done.record()
     gemm(**d_act)
-    _finish_d_act(inputs, ws, plan, d_act["cancel"], check.kernel_args)
-    if side is not None and plan.router_in_sum:
-        side.router_done.record(main)
+    _finish_d_act(inputs, ws, plan, d_act["cancel"])
     with side.stream if side else main:
-        if side is not None and plan.router_in_sum:
-            side.stream.wait_event(side.router_done)  # grl, the verdict; d_act's SMs first
         if plan.router_beside:
             router_kernel()
             side.router_done.record()
@@ -491,14 +474,10 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
             gemm(**wgu_grad)
         if wgrad_on_side:
             router_wgrad()
-        if side and plan.router_in_sum:
-            _report_check(check.kernel_args)
         if side:
             side.join.record()
     if side:
         main.wait_event(side.join)
-    elif plan.router_in_sum:
-        _report_check(check.kernel_args)
 
 
 def _dgrad_ctas(inputs: _Inputs, plan: _Plan) -> int:
@@ -533,9 +512,8 @@ def _d_act_gemm(inputs: _Inputs, ws: _Workspace, plan: _Plan) -> dict:
     return dict(common, out=ws.d_act, wide=plan.act_wide)
 
 
-def _finish_d_act(inputs: _Inputs, ws: _Workspace, plan: _Plan, cancel, check_args) -> None:
-    """[d_gate | d_up] from d_act's pieces or stored d_act (steps 3, 4), unless fused; with
-    plan.router_in_sum, the router's rows and the index check (check_args) in the same grid."""
+def _finish_d_act(inputs: _Inputs, ws: _Workspace, plan: _Plan, cancel) -> None:
+    """[d_gate | d_up] from d_act's pieces or stored d_act (steps 3, 4), unless fused."""
     gate, up = inputs.gate, inputs.up
     T, I = gate.shape
     n = T * I
@@ -544,18 +522,6 @@ def _finish_d_act(inputs: _Inputs, ws: _Workspace, plan: _Plan, cancel, check_ar
     mod = _build.load_module("sol080.cu")
     if plan.act_splits > 1 and plan.split_cluster:
         return  # summed and turned into [d_gate | d_up] by the GEMM
-    if plan.act_splits > 1 and plan.router_in_sum:
-        a = inputs
-        H, E, K = a.g.shape[1], a.wr.shape[0], a.idx.shape[1]
-        hi, ld, lo_offset = _grl_at(inputs, ws, plan)
-        router_blocks = cdiv(T, _ROUTER_WARPS)
-        sum_blocks = grid_stride_blocks(n // 8 if I % 8 == 0 else n)  # (8 elements a thread where rows allow)
-        _launch.launch(mod, "sol080_swiglu_pieces_and_router", (router_blocks + sum_blocks,),
-                       (32 * _ROUTER_WARPS,),
-                       [ptr(ws.act_pieces), i32(plan.act_splits), ptr(gate), ptr(up)] + d_gate_up[:4]
-                       + [i32(router_blocks), ptr(a.g), ptr(a.tw), ptr(a.idx), ptr(a.mask), ptr(a.scores),
-                          i32(T), i32(H), i32(E), i32(K), ptr(hi), i32(ld), i32(lo_offset), check_args[0]])
-        return
     if plan.act_splits > 1:
         _launch.launch(mod, "sol080_swiglu_backward_pieces", (grid_stride_blocks(n),), (256,),
                        [ptr(ws.act_pieces), i32(plan.act_splits), ptr(gate), ptr(up)] + d_gate_up)
@@ -620,12 +586,6 @@ def _router_kernel(inputs: _Inputs, hi, ld: int, lo_offset: int, check_args) -> 
                    (32 * _ROUTER_WARPS,),
                    [ptr(a.g), ptr(a.tw), ptr(a.idx), ptr(a.mask), ptr(a.scores), i32(T), i32(H),
                     i32(E), i32(K), ptr(hi), i32(ld), i32(lo_offset)] + (check_args or [ptr(None), ptr(None)]))
-
-
-def _report_check(check_args) -> None:
-    """The deferred index check's report to the host (after sol080_swiglu_pieces_and_router and
-    the launches that read its verdict)."""
-    _launch.launch(_build.load_module("sol080.cu"), "sol080_report_check", (1,), (32,), check_args)
 
 
 def _grad_wd_gemm(inputs: _Inputs, grad_wd, plan: _Plan) -> dict:
