@@ -40,32 +40,3 @@ def test_weight_gradient(T, E, H, stacked, cluster, monkeypatch):
     again = cp.empty((E, H), cp.float32)
     router.weight_gradient(hi_lo, cp.asarray(x), again)
     np.testing.assert_array_equal(again.get(), got)  # deterministic
-
-
-@pytest.mark.parametrize("narrow", [(False, False), (True, False), (False, True), (True, True)])
-@pytest.mark.parametrize("T,H", [(2053, 4096), (1031, 200), (512, 136)])
-def test_weight_gradient_in_two_passes_gives_the_cluster_sums_bits(T, H, narrow):
-    """router.weight_gradient_lo then weight_gradient_hi (lo^T x stored, then hi^T x accumulated
-    onto it; SOL-080's WGRAD_LO_EARLY) add the same two fp32 sums as weight_gradient's one-piece
-    cluster (a + b = b + a): bitwise, in 128 x 128 or 128 x 64 tiles (narrow: (hi, lo)), a last
-    column tile of 8 (H = 200) and a last k-tile of 7 lines (T = 1031) among them. The
-    cluster's form runs one piece at these T on 132 SMs (its clusters of 4 do not all fit)."""
-    import cupy as cp
-    from cupy_moe.gpu import router
-    from cupy_moe.gpu.gemm import device_sms
-
-    if device_sms() != 132:
-        pytest.skip("the one-piece cluster sum is what an H200's 132 SMs run")
-    E = 128
-    rng = np.random.default_rng(T + H)
-    grl = rng.standard_normal((T, E)) * 1e-3
-    hi = grl.astype(np.float32).astype(bfloat16)
-    lo = (grl - hi.astype(np.float64)).astype(np.float32).astype(bfloat16)
-    hi_lo = cp.asarray(np.concatenate([hi, lo], axis=1))
-    x = cp.asarray(rng.standard_normal((T, H), dtype=np.float32).astype(bfloat16))
-    want = cp.empty((E, H), cp.float32)
-    router.weight_gradient(hi_lo, x, want)
-    got = cp.full((E, H), np.nan, cp.float32)
-    router.weight_gradient_lo(hi_lo, x, got, narrow=narrow[1])
-    router.weight_gradient_hi(hi_lo, x, got, narrow=narrow[0])
-    np.testing.assert_array_equal(got.get(), want.get())

@@ -322,26 +322,6 @@ def test_ab_d_act_paths_pass_like_the_fused_one(knob, value, T, atol, monkeypatc
     _assert_passes(*_run(T, seed=T + 1), atol)
 
 
-@pytest.mark.parametrize("T", [512, 1321, 3089])
-def test_router_wgrad_lo_pass_early_gives_the_same_bits(T, monkeypatch):
-    """CUPY_MOE_SOL080_WGRAD_LO_EARLY (router / wd: the router wgrad's lo pass early on the side
-    stream, its hi pass accumulating at the end, each in 128 x 128 or 128 x 64 tiles) gives the
-    one-piece cluster sum's outputs bit for bit."""
-    import cupy as cp
-    from cupy_moe.gpu import sol080 as gpu_sol080
-
-    a = {k: cp.asarray(v) for k, v in make_sol080_inputs(T, seed=T + 5).items()}
-    outs = []
-    for early, hi_narrow, lo_narrow in (("0", False, False), ("router", True, False), ("wd", False, True)):
-        monkeypatch.setattr(gpu_sol080, "WGRAD_LO_EARLY", early)
-        monkeypatch.setattr(gpu_sol080, "WGRAD_HI_NARROW", hi_narrow)
-        monkeypatch.setattr(gpu_sol080, "WGRAD_LO_NARROW", lo_narrow)
-        outs.append([o.get() for o in cupy_moe.sol080_backward(**a)])
-    for other in outs[1:]:
-        for name, o, w in zip(NAMES, other, outs[0]):
-            np.testing.assert_array_equal(o.view(np.uint8), w.view(np.uint8), err_msg=name)
-
-
 @pytest.mark.parametrize("T", [997, 2053])
 def test_packed_contract_gives_the_same_bits(T, monkeypatch):
     """The fused d_act's SwiGLU contract with bf16x2 products (Sm90Config.PACKED_CONTRACT, the

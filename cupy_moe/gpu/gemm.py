@@ -250,10 +250,9 @@ class Sm90Config:
 
     @classmethod
     def choose(cls, m_tiles: int, n: int, sms: int, num_groups: int = 0, pingpong: bool = False,
-               wide: bool = False, narrow: bool = False, **flags) -> "Sm90Config":
+               wide: bool = False, **flags) -> "Sm90Config":
         """Cooperative: 128 for the staged SwiGLU epilogue, else BN 256 where asked (wide) or
-        where wide_tiles_pay and every SM still gets a tile, 64 for narrow outputs or where
-        asked (narrow), else 128.
+        where wide_tiles_pay and every SM still gets a tile, 64 for narrow outputs, else 128.
         Ping-pong: BN 64 for narrow outputs, else 128 (a warpgroup holds the whole 128 x BN
         accumulator). STAGES: as many as fit, at most 8 (ping-pong) or 4 / 6 / 8 by BN, one
         fewer with TMA stores unless they go through a store ring (STORE_RING, at BN 256)."""
@@ -265,7 +264,7 @@ class Sm90Config:
                 bn = 128
             elif wide or wide_tiles_pay(n, flags.get("GROUPING", 0)) and m_tiles * cdiv(n, 256) >= sms:
                 bn = 256
-            elif n <= 64 or narrow:
+            elif n <= 64:
                 bn = 64
             else:
                 bn = 128
@@ -378,7 +377,7 @@ def prepare(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_km
             even_rounds: bool = False, wide: bool = False, sum_groups_and_halves: bool = False,
             f32_head: tuple | None = None, dynamic: bool | None = None,
             pingpong: bool | None = None, out_transposed: bool = False,
-            max_ctas: int = 0, narrow: bool = False) -> "_Launch | None":
+            max_ctas: int = 0) -> "_Launch | None":
     """The prepared launch of one GEMM (gemm() runs it), None where there is nothing to compute.
 
     grouping='m': rows are experts' segments group_offsets[g]:group_offsets[g+1] of m total rows,
@@ -422,8 +421,6 @@ def prepare(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_km
     tiles without padding.
     max_ctas > 0: the Hopper loop's persistent grid takes at most this many CTAs (SMs left to a
     kernel beside it from the start).
-    narrow: 128 x 64 tiles where the Hopper loop's cooperative consumers would take 128 x 128
-    (twice the CTAs over few output tiles: the router weight gradient's last pass in SOL-080).
 
     A launch's parameter block depends only on addresses and sizes, so it is built once per
     distinct call and replayed from a cache afterwards (repeated calls on the same buffers, as a
@@ -445,7 +442,7 @@ def prepare(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_km
            num_groups, c_group_stride, opt(gather_a), opt(gather_b), gather_div, engine, k_splits,
            cancel, even_rounds, wide, sum_groups_and_halves,
            None if f32_head is None else (_addr(f32_head[0]),) + tuple(f32_head[1:]), dynamic, pingpong,
-           out_transposed, max_ctas, narrow,
+           out_transposed, max_ctas,
            tuple((_addr(s.a), s.lda, _addr(s.b), s.ldb, s.k, s.b_group_stride, s.m) for s in segments),
            None if sw is None else tuple(opt(a) for a in (sw.gate, sw.up, sw.dg, sw.du, sw.act,
                                                          sw.weights, sw.row_index, sw.aw, sw.dw))
@@ -474,8 +471,7 @@ def prepare(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_km
         launch = _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping,
                           group_offsets, num_groups, c_group_stride, gather_a, gather_b,
                           gather_div, engine, sw, cancel, k_splits, even_rounds, wide,
-                          sum_groups_and_halves, f32_head, dynamic, pingpong, out_transposed, max_ctas,
-                          narrow)
+                          sum_groups_and_halves, f32_head, dynamic, pingpong, out_transposed, max_ctas)
         if len(_prepared) >= 1024:
             _prepared.clear()
         _prepared[key] = launch
@@ -535,8 +531,7 @@ class _Launch:
 def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, group_offsets,
              num_groups, c_group_stride, gather_a, gather_b, gather_div, engine, sw,
              cancel=None, k_splits=1, even_rounds=False, wide=False, halves=False,
-             f32_head=None, dynamic=None, pingpong=None, out_transposed=False, max_ctas=0,
-             narrow=False) -> _Launch:
+             f32_head=None, dynamic=None, pingpong=None, out_transposed=False, max_ctas=0) -> _Launch:
     p = GemmParams()
     p.cancel = cancel or 0
     for i, s in enumerate(segments):
@@ -572,7 +567,7 @@ def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, g
         if why is None:
             return _prepare_sm90(p, segments, m, n, grouping, num_groups,
                                  dict(flags, ROW_SPLIT=f32_head is not None), k_splits, even_rounds,
-                                 wide, halves, dynamic, pingpong, max_ctas, narrow)
+                                 wide, halves, dynamic, pingpong, max_ctas)
         if engine == "sm90":
             raise ValueError(f"the sm90 GEMM does not apply: {why}")
     if sw is not None and (sw.contract_rounding or sw.ld_grad):
@@ -653,7 +648,7 @@ def even_round_ctas(tiles: int, sms: int) -> int:
 
 def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
                   even_rounds=False, wide=False, halves=False, dynamic=None, pingpong=None,
-                  max_ctas=0, narrow=False) -> _Launch:
+                  max_ctas=0) -> _Launch:
     sms = device_sms()
     m_tiles = cdiv(m, Sm90Config.BM) + (num_groups if grouping == "m" else 0)
     c_rows = m - p.c2_rows  # the bf16 result's rows (all of them without a row split)
@@ -680,8 +675,7 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
     counter = _tile_counter() if claims else 0
     flags = dict(flags, DYNAMIC=counter != 0, SEG_ROWS=any(s.m for s in segments))
     cfg = Sm90Config.choose(m_tiles * k_splits, n, sms, num_groups if grouping == "m" else 0,
-                            pingpong, wide=wide and not staged and not cluster,
-                            narrow=narrow and not staged and not cluster and not pingpong, C_TMA=c_tma,
+                            pingpong, wide=wide and not staged and not cluster, C_TMA=c_tma,
                             E_STAGED=staged, SPLIT_K=k_splits > 1, SPLIT_CLUSTER=cluster, **flags)
     cfg = dataclasses.replace(cfg, BAND_M=band_rows(cfg))
     if CONFIG_OVERRIDE:

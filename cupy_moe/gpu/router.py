@@ -97,26 +97,6 @@ def weight_gradient_pieces_shape(T: int, E: int, H: int):
     return None if splits == 1 or summed_in_the_gemm(T, E) else (splits, _rows(E), H)
 
 
-def weight_gradient_lo(grl, x, out, cancel=None, narrow=False) -> None:
-    """out [E, H] fp32 = lo^T x, the first of the two passes weight_gradient_hi completes."""
-    T, E2 = grl.shape
-    E, H = E2 // 2, x.shape[1]
-    gemm(m=E, n=H, segments=[Segment(hi_lo(grl)[1], E2, x, H, k=T)], a_kmajor=False, b_kmajor=False,
-         out=out, ldc=H, epilogue="f32", cancel=cancel, narrow=narrow)
-
-
-def weight_gradient_hi(grl, x, out, cancel=None, narrow=False) -> None:
-    """out += hi^T x after weight_gradient_lo: dL/dW_router = lo^T x + hi^T x, the same fp32 sums
-    (each over all T tokens in one tile) added as the one-piece cluster sum adds them, so the same
-    bits, in two GEMMs of E rows that need no cluster: the first can run early, and the second,
-    where it ends a call, is half as long as the cluster's pair of CTAs (narrow: 128 x 64 tiles,
-    twice the CTAs of half the columns)."""
-    T, E2 = grl.shape
-    E, H = E2 // 2, x.shape[1]
-    gemm(m=E, n=H, segments=[Segment(hi_lo(grl)[0], E2, x, H, k=T)], a_kmajor=False, b_kmajor=False,
-         out=out, ldc=H, epilogue="f32_accumulate", cancel=cancel, narrow=narrow)
-
-
 def weight_gradient(grl, x, out, partial=None, cancel=None) -> None:
     """dL/dW_router [E, H] fp32 = (hi + lo)^T x into out, grl = [hi | lo] ([T, 2E] bf16, see
     backward_logits), in one of three forms by shape:

@@ -91,14 +91,6 @@ WIDE_D_ACT = os.environ.get("CUPY_MOE_SOL080_WIDE_D_ACT", "0") != "0"
 # Where the router weight gradient runs as the first rows of the grad_[Wg; Wu] GEMM instead of as
 # its own GEMM (router.weight_gradient): "auto" (module doc), "1" everywhere, "0" nowhere.
 FUSED_WGRAD = os.environ.get("CUPY_MOE_SOL080_FUSED_WGRAD", "auto")
-# Where the router wgrad (its own GEMM) would sum its [hi; lo] halves in one-piece clusters (mid T,
-# router.summed_in_the_gemm), its lo^T x pass as a GEMM of its own early on the side stream,
-# right after the router kernel ("router") or after grad_Wd ("wd"), and the hi^T x pass where the
-# whole wgrad ran, accumulating into the result (router.weight_gradient_hi: the same bits);
-# "0": the cluster sum. WGRAD_HI_NARROW / WGRAD_LO_NARROW: that pass in 128 x 64 tiles (64 CTAs).
-WGRAD_LO_EARLY = os.environ.get("CUPY_MOE_SOL080_WGRAD_LO_EARLY", "router")
-WGRAD_HI_NARROW = os.environ.get("CUPY_MOE_SOL080_WGRAD_HI_NARROW", "1") != "0"
-WGRAD_LO_NARROW = os.environ.get("CUPY_MOE_SOL080_WGRAD_LO_NARROW", "0") != "0"
 # A/B only: 1 sums small-T d_act's and the dgrad's split-K pieces in the GEMM, a cluster per tile
 # (gemm.SPLIT_CLUSTER), instead of through global memory and the sum kernels: 1.5-5 us slower at
 # T <= 384 (bench/NOTES.md v0.9).
@@ -212,8 +204,6 @@ class _Plan:
     wgrad_stacked: bool = True            # router.STACKED (A/B)
     split_cluster: bool = False           # gemm.SPLIT_CLUSTER and SPLIT_CLUSTER: split pieces summed in the GEMM
     wgrad_cluster: bool = True            # router.summed_in_the_gemm: its knobs, E and T
-    wgrad_lo_early: str = ""              # WGRAD_LO_EARLY where it applies ("" elsewhere)
-    wgrad_narrow: tuple = (False, False)  # (WGRAD_HI_NARROW, WGRAD_LO_NARROW) with wgrad_lo_early
     act_wide: bool = False                # WIDE_D_ACT applied: plain 128 x 256 d_act (A/B)
     wgrad_fused: bool = True              # the router wgrad in the grad_[Wg; Wu] GEMM (FUSED_WGRAD)
     wd_pingpong: bool = False             # grad_Wd on ping-pong consumers (WD_PINGPONG)
@@ -275,9 +265,6 @@ class _Plan:
         wanted = _knob(FUSED_WGRAD, not router.summed_in_the_gemm(T, E) or wd_first)
         wgrad_fused = wanted and sm90_applies(E + 2 * I, H, acts.wgrad_segments(0, x, H, T), False, False)
         hi_ld = acts.ld if wgrad_fused else 2 * E  # (hi in the workspace rows or router.py's [hi | lo])
-        lo_early = (WGRAD_LO_EARLY if WGRAD_LO_EARLY in ("router", "wd") and router_beside and
-                    not wgrad_fused and router.summed_in_the_gemm(T, E) and
-                    router.weight_gradient_splits(T, E, H) > 1 else "")
         dgrad_on_sm90 = sm90_applies(T, H, acts.dgrad_segments(0, 0, hi_ld, wu, wg, wr, H), True, False)
         dgrad_splits = k_splits_for(T, H, 2 * I + E) if dgrad_on_sm90 and split_dgrad else 1
         wide_tiles = cdiv(T, Sm90Config.BM) * cdiv(H, 256)
@@ -286,8 +273,7 @@ class _Plan:
         return cls(act_splits=act_splits, act_fused=act_fused, dgrad_splits=dgrad_splits,
                    router_beside=router_beside, even_rounds=EVEN_ROUNDS, claims=claims, wgrad_at=WGRAD_AT,
                    wgrad_stacked=router.STACKED, split_cluster=gemm_module.SPLIT_CLUSTER and SPLIT_CLUSTER,
-                   wgrad_cluster=router.summed_in_the_gemm(T, E), wgrad_lo_early=lo_early,
-                   wgrad_narrow=(WGRAD_HI_NARROW, WGRAD_LO_NARROW) if lo_early else (False, False),
+                   wgrad_cluster=router.summed_in_the_gemm(T, E),
                    act_wide=act_wide, wgrad_fused=wgrad_fused,
                    wd_pingpong=_knob(WD_PINGPONG, T <= _WD_PINGPONG_MAX_T),
                    wgu_pingpong=_knob(WGU_PINGPONG, T <= _WGU_PINGPONG_MAX_T),
@@ -445,13 +431,8 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
         side.stream.wait_event(side.fork)
 
     def router_wgrad():  # its own GEMM (unfused), placed by plan.wgrad_at
-        if plan.wgrad_lo_early:
-            router.weight_gradient_hi(ws.grl, inputs.x, grad_router, cancel, narrow=plan.wgrad_narrow[0])
-        elif not plan.wgrad_fused:
+        if not plan.wgrad_fused:
             router.weight_gradient(ws.grl, inputs.x, grad_router, ws.partial, cancel)
-
-    def router_wgrad_lo():
-        router.weight_gradient_lo(ws.grl, inputs.x, grad_router, cancel, narrow=plan.wgrad_narrow[1])
 
     if plan.wd_first:  # (a plan with a side stream) the router beside grad_Wd, d_act after it
         gemm(**wd_grad)
@@ -464,12 +445,8 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
         if plan.router_beside:
             router_kernel()
             side.router_done.record()
-        if plan.wgrad_lo_early == "router":
-            router_wgrad_lo()
         if not plan.wd_first:
             gemm(**wd_grad)
-        if plan.wgrad_lo_early == "wd":
-            router_wgrad_lo()
         if side and plan.wgrad_at == "side-early":
             router_wgrad()
     if side:
