@@ -11,7 +11,7 @@ d_act's and the dgrad's), rcluster=0|1 (router.SUM_IN_GEMM: the router wgrad's),
 (gemm.DYNAMIC_TILES: the same bits), fwgrad=auto|0|1 (sol080.FUSED_WGRAD), wdpp=auto|0|1
 (sol080.WD_PINGPONG), wgupp=auto|0|1 (sol080.WGU_PINGPONG), wdt=auto|0|1
 (sol080.WD_TRANSPOSED), sto=auto|cap|wgu-main|"" (sol080.SMALL_T_ORDER; sto= for none), wdf=auto|0|1 (sol080.WD_FIRST),
-dgs=auto|k|1 (sol080.DGRAD_SPLITS), dgw=auto|0|1 (sol080.DGRAD_WIDE), sws=auto|N (sol080.SWIGLU_SMS), swst=N (the SwiGLU kernel's stages),
+dgs=auto|k|1 (sol080.DGRAD_SPLITS), dgw=auto|0|1 (sol080.DGRAD_WIDE), rmb=N (sol080.ROUTER_MIN_BLOCKS: the same bits), sws=auto|N (sol080.SWIGLU_SMS), swst=N (the SwiGLU kernel's stages),
 ring=N (gemm.STORE_RING: the same bits), band=N (gemm.BAND_ROWS: the same bits), nband=N (gemm.BAND_NARROW_ROWS), gband=N (gemm.BAND_GROUPED_ROWS), cfg.FIELD=N (that Sm90Config field on every Hopper GEMM,
 through gemm.CONFIG_OVERRIDE; e.g. cfg.PACKED_CONTRACT=0, the same bits);
 a knob a variant does not name keeps the library's value at start-up (bench/knobs.py), so "base"
@@ -73,6 +73,7 @@ def main():
         "dgs": Knob(sol080, "DGRAD_SPLITS", text),
         "dgw": Knob(sol080, "DGRAD_WIDE", text),
         "sws": Knob(sol080, "SWIGLU_SMS", text),
+        "rmb": Knob(sol080, "ROUTER_MIN_BLOCKS", integer),
         "swst": Knob(sol080, "_SWIGLU_STAGES", integer),
         "ring": Knob(gemm, "STORE_RING", integer),
     }).use

@@ -276,7 +276,21 @@ __device__ __forceinline__ void write_grl(float grl, i64 at, bf16_t* __restrict_
   lo[at] = f32_to_bf16(grl - bf16_to_f32(h));
 }
 
-extern "C" __global__ void __launch_bounds__(kRouterWarps * 32)
+// Blocks an SM holds at once: 6 keeps it within 40 registers (no spills), where without a minimum
+// it took 48 and an SM held 5. The kernel is latency-bound, so more tokens in flight an SM pay
+// where its grid outnumbers its SMs many times over (beside grad_Wd on ~14 SMs): SOL-080 3072 /
+// 6144 / 4093 -3..-4 us, 1321 +1.4..+2.6, the mean -0.4..-1.3 in three A/Bs (bench/NOTES.md
+// v0.35). ROUTER_MIN_BLOCKS 0: no minimum (the A/B path, sol080.ROUTER_MIN_BLOCKS).
+#ifndef ROUTER_MIN_BLOCKS
+#define ROUTER_MIN_BLOCKS 6
+#endif
+#if ROUTER_MIN_BLOCKS > 0
+#define ROUTER_LAUNCH_BOUNDS __launch_bounds__(kRouterWarps * 32, ROUTER_MIN_BLOCKS)
+#else
+#define ROUTER_LAUNCH_BOUNDS __launch_bounds__(kRouterWarps * 32)
+#endif
+
+extern "C" __global__ void ROUTER_LAUNCH_BOUNDS
 sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ topk_w,
               const i64* __restrict__ topk_idx, const float* __restrict__ mask,
               const float* __restrict__ scores, int T, int H, int E, int K,

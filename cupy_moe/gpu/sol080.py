@@ -215,6 +215,7 @@ class _Plan:
     store_ring: int = 0                   # gemm.STORE_RING (A/B: a graph per setting)
     band_rows: tuple = ()                 # gemm.BAND_ROWS, BAND_NARROW_ROWS (A/B: a graph per setting)
     dgrad_wide: bool = False              # the unsplit dgrad in 128 x 256 tiles (DGRAD_WIDE)
+    router_min_blocks: int = 6            # ROUTER_MIN_BLOCKS (A/B: a graph per setting)
 
     @classmethod
     def of(cls, g, x, wr, wg, wu, wd, gate):
@@ -280,7 +281,8 @@ class _Plan:
                    wd_transposed=_knob(WD_TRANSPOSED, T >= _WD_TRANSPOSED_MIN_T),
                    small_t_order=small_t_order, wd_first=wd_first, swiglu_sms=swiglu_sms,
                    store_ring=gemm_module.STORE_RING,
-                   band_rows=(gemm_module.BAND_ROWS, gemm_module.BAND_NARROW_ROWS), dgrad_wide=dgrad_wide)
+                   band_rows=(gemm_module.BAND_ROWS, gemm_module.BAND_NARROW_ROWS), dgrad_wide=dgrad_wide,
+                   router_min_blocks=ROUTER_MIN_BLOCKS)
 
 
 @dataclass(frozen=True)
@@ -564,6 +566,9 @@ def _swiglu_bulk(inputs: _Inputs, ws: _Workspace, blocks: int, cancel) -> bool:
 
 
 _ROUTER_WARPS = 8  # kRouterWarps in sol080.cu: tokens per block
+# A/B only: the router kernel's __launch_bounds__ blocks an SM (sol080.cu ROUTER_MIN_BLOCKS; 6 is
+# the source's own, no prelude).
+ROUTER_MIN_BLOCKS = int(os.environ.get("CUPY_MOE_SOL080_ROUTER_MIN_BLOCKS", "6"))
 
 
 def _grl_at(inputs: _Inputs, ws: _Workspace, plan: _Plan):
@@ -582,7 +587,8 @@ def _router_kernel(inputs: _Inputs, hi, ld: int, lo_offset: int, check_args) -> 
     a = inputs
     T, H = a.g.shape
     E, K = a.wr.shape[0], a.idx.shape[1]
-    _launch.launch(_build.load_module("sol080.cu"), "sol080_router", (cdiv(T, _ROUTER_WARPS),),
+    prelude = "" if ROUTER_MIN_BLOCKS == 6 else f"#define ROUTER_MIN_BLOCKS {ROUTER_MIN_BLOCKS}\n"
+    _launch.launch(_build.load_module("sol080.cu", prelude), "sol080_router", (cdiv(T, _ROUTER_WARPS),),
                    (32 * _ROUTER_WARPS,),
                    [ptr(a.g), ptr(a.tw), ptr(a.idx), ptr(a.mask), ptr(a.scores), i32(T), i32(H),
                     i32(E), i32(K), ptr(hi), i32(ld), i32(lo_offset)] + (check_args or [ptr(None), ptr(None)]))
