@@ -35,7 +35,8 @@ def kernel_bodies(source: str):
     """(name, body) of every __global__ function in a .cu source."""
     import re
 
-    for m in re.finditer(r"__global__\s+void\s+(?:__launch_bounds__\((?:[^()]|\([^()]*\))*\)\s*)?(\w+)\s*\(", source):
+    bounds = r"(?:__launch_bounds__\((?:[^()]|\([^()]*\))*\)\s*|[A-Z][A-Z0-9_]*\s+)?"  # (or a macro of them)
+    for m in re.finditer(r"__global__\s+void\s+" + bounds + r"(\w+)\s*\(", source):
         depth, i = 1, m.end()
         while depth:
             depth += {"(": 1, ")": -1}.get(source[i], 0)
