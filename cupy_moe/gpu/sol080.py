@@ -215,7 +215,7 @@ class _Plan:
     store_ring: int = 0                   # gemm.STORE_RING (A/B: a graph per setting)
     band_rows: tuple = ()                 # gemm.BAND_ROWS, BAND_NARROW_ROWS (A/B: a graph per setting)
     dgrad_wide: bool = False              # the unsplit dgrad in 128 x 256 tiles (DGRAD_WIDE)
-    router_min_blocks: int = 6            # ROUTER_MIN_BLOCKS (A/B: a graph per setting)
+    router_min_blocks: int = 6            # ROUTER_MIN_BLOCKS (A/B: a graph per setting; _router_kernel)
 
     @classmethod
     def of(cls, g, x, wr, wg, wu, wd, gate):
@@ -425,7 +425,8 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
             wd_grad["max_ctas"] = free
     if plan.swiglu_sms:
         wd_grad["max_ctas"] = device_sms() - plan.swiglu_sms
-    router_kernel = lambda: _router_kernel(inputs, *_grl_at(inputs, ws, plan), check.kernel_args)
+    router_kernel = lambda: _router_kernel(inputs, *_grl_at(inputs, ws, plan), check.kernel_args,
+                                           plan.router_min_blocks)
     if not router_early:
         router_kernel()  # first: the index check every launch reads
     if side is not None:
@@ -566,9 +567,9 @@ def _swiglu_bulk(inputs: _Inputs, ws: _Workspace, blocks: int, cancel) -> bool:
 
 
 _ROUTER_WARPS = 8  # kRouterWarps in sol080.cu: tokens per block
-# A/B only: the router kernel's __launch_bounds__ blocks an SM (sol080.cu ROUTER_MIN_BLOCKS; 6 is
-# the source's own, no prelude).
-ROUTER_MIN_BLOCKS = int(os.environ.get("CUPY_MOE_SOL080_ROUTER_MIN_BLOCKS", "6"))
+_ROUTER_MIN_BLOCKS = 6  # sol080.cu's own ROUTER_MIN_BLOCKS: its default module, no prelude
+# A/B only: the router kernel's __launch_bounds__ blocks an SM (0: no minimum; _Plan.router_min_blocks).
+ROUTER_MIN_BLOCKS = int(os.environ.get("CUPY_MOE_SOL080_ROUTER_MIN_BLOCKS", str(_ROUTER_MIN_BLOCKS)))
 
 
 def _grl_at(inputs: _Inputs, ws: _Workspace, plan: _Plan):
@@ -580,14 +581,16 @@ def _grl_at(inputs: _Inputs, ws: _Workspace, plan: _Plan):
     return ws.grl, 2 * E, E
 
 
-def _router_kernel(inputs: _Inputs, hi, ld: int, lo_offset: int, check_args) -> None:
+def _router_kernel(inputs: _Inputs, hi, ld: int, lo_offset: int, check_args,
+                   min_blocks: int = _ROUTER_MIN_BLOCKS) -> None:
     """bf16(grl) and its remainder (steps 7-10): hi(t) at hi + t * ld, lo(t) lo_offset past it;
     and the top-k index check (check_args: its scratch and report,
-    validate.topk_check_in_kernel; None when there are no rows)."""
+    validate.topk_check_in_kernel; None when there are no rows). min_blocks: its launch bounds'
+    blocks an SM (the plan's, so a graph keyed by the plan replays the kernel it names)."""
     a = inputs
     T, H = a.g.shape
     E, K = a.wr.shape[0], a.idx.shape[1]
-    prelude = "" if ROUTER_MIN_BLOCKS == 6 else f"#define ROUTER_MIN_BLOCKS {ROUTER_MIN_BLOCKS}\n"
+    prelude = "" if min_blocks == _ROUTER_MIN_BLOCKS else f"#define ROUTER_MIN_BLOCKS {min_blocks}\n"
     _launch.launch(_build.load_module("sol080.cu", prelude), "sol080_router", (cdiv(T, _ROUTER_WARPS),),
                    (32 * _ROUTER_WARPS,),
                    [ptr(a.g), ptr(a.tw), ptr(a.idx), ptr(a.mask), ptr(a.scores), i32(T), i32(H),
