@@ -334,16 +334,23 @@ sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ top
     float S = 0.f;
     for (int k = 0; k < K; ++k) S += r.weight(k);
     S += 1e-20f;
+    // sum_k q w_k / S in k order: with K <= 32 lane k divides its own term, so the K divisions
+    // run side by side instead of one after another (the same terms, summed in the same order).
+    const float term = q * r.lane_w / S;
     float sum = 0.f;
-    for (int k = 0; k < K; ++k) sum += q * r.weight(k) / S;
+    for (int k = 0; k < K; ++k) sum += K <= 32 ? __shfl_sync(0xffffffffu, term, k) : q * r.weight(k) / S;
     const float c = (q - sum) / S;
+    float G[kRouterPrefetch] = {};  // each slot's expert fetched once, matched against the lane's experts
+    #pragma unroll 1  // unrolled, ptxas moved the prefetched values to the stack
+    for (int k = 0; k < K; ++k) {
+      const int ek = r.expert(k);  // a shuffle: every lane takes part
+      #pragma unroll
+      for (int j = 0; j < kRouterPrefetch; ++j) if (ek == lane + 32 * j) G[j] += c;
+    }
     #pragma unroll
     for (int j = 0; j < kRouterPrefetch; ++j) {
       const int e = lane + 32 * j;
-      float G = 0.f;
-      #pragma unroll 1  // unrolled, ptxas moved the prefetched values to the stack
-      for (int k = 0; k < K; ++k) if (r.expert(k) == e) G += c;  // shuffles: every lane takes part
-      if (e < E) write_grl(G * m_pre[j] * s_pre[j] * (1.f - s_pre[j]), e, hi, lo);
+      if (e < E) write_grl(G[j] * m_pre[j] * s_pre[j] * (1.f - s_pre[j]), e, hi, lo);
     }
     for (int e0 = 32 * kRouterPrefetch; e0 < E; e0 += 32) {  // experts past the prefetched ones
       const int e = e0 + lane;
