@@ -1,4 +1,4 @@
-"""SOL-080's router kernel (sol080_router: q, c and grl = hi + lo, with the top-k index check)
+"""SOL-080's router kernel (sol080_router_lanes at the contract's shapes: q, c and grl = hi + lo, with the top-k index check)
 alone, L2 flushed, median of --reps (us), on all the SMs or on N of them (--beside N: a hog grid,
 one block of all of an SM's shared memory on each of the others, spinning ~2 ms on a side
 stream, launched before the L2 flush, as d_act or grad_Wd leave the router N SMs in the call):

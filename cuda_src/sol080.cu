@@ -200,8 +200,8 @@ extern "C" __global__ void sum_pieces_bf16(const float* __restrict__ pieces_, in
 
 // One warp per token, kRouterWarps tokens per block. The kernel also runs the call's top-k index
 // check (common/topk_check.cuh) on the rows it reads, so that check costs no launch of its own;
-// it is the call's first kernel, so every later launch can read its verdict. It never indexes
-// memory by an expert index (it compares), so a bad row cannot send it out of bounds.
+// it is the call's first kernel, so every later launch can read its verdict. It indexes memory by
+// an expert index only after checking it against [0, E), so a bad row cannot send it out of bounds.
 // q = sum_h g^2 / K (per-lane sums, then a fixed butterfly); c = (q - sum_k q w_k / S) / S with
 // S = sum_k w_k + 1e-20, summed in k order as the contract writes it; grl[t, e] = (sum over k
 // with idx == e of c) * mask * s (1 - s), written as bf16 hi (= the contract's bf16(grl)) at
@@ -209,21 +209,31 @@ extern "C" __global__ void sum_pieces_bf16(const float* __restrict__ pieces_, in
 // d_up | lo], or [hi | lo]).
 // It sits alone on the call's critical path, so it is written for latency: every load that does
 // not depend on q (the routing row, the first 128 experts' scores and mask) is issued with the
-// grad_output row's, and with K <= 32 the routing row stays in the lanes'
-// registers (shuffles, no reloads).
+// grad_output row's, and with K <= 32 the routing row stays in the lanes' registers (shuffles,
+// no reloads). With K <= 32 and E <= 128 (sol080_router_lanes) the scores and mask go to shared
+// memory by cp.async instead of registers, which leaves room for 8 row loads in flight, and the
+// index check and the scatter of c run once per routing slot (a match and a shared-memory
+// store), not once per slot per expert (bench/NOTES.md v0.37: the kernel 12-16% faster on
+// 11-14 SMs).
 constexpr int kRouterWarps = 8;
 constexpr int kRouterPrefetch = 4;  // experts per lane whose scores and mask load up front (E <= 128)
+constexpr int kRouterLaneExperts = 32 * kRouterPrefetch;
 
-__device__ __forceinline__ float sum_squares_bf16x8(uint4 v) {
+// A bf16 value and its square are exact in fp32, so fma(a, a, s) rounds once, as s + a * a does:
+// one convert and one FMA an element (the pairwise form took an FMUL, an FFMA and an FADD a pair).
+// q's summation order is free (the contract fixes only the formula); two accumulators halve
+// the dependent chain a lane runs per token.
+__device__ __forceinline__ void add_squares_bf16x8(uint4 v, float& s) {
   const u32 w[4] = {v.x, v.y, v.z, v.w};
-  float s = 0.f;
   #pragma unroll
   for (int q = 0; q < 4; ++q) {
-    const float a = bf16_to_f32((bf16_t)(w[q] & 0xffff)), b = bf16_to_f32((bf16_t)(w[q] >> 16));
-    s += a * a + b * b;
+    const float a = __uint_as_float(w[q] << 16), b = __uint_as_float(w[q] & 0xffff0000u);
+    s = fmaf(a, a, s);
+    s = fmaf(b, b, s);
   }
-  return s;
 }
+
+constexpr int kRowLoads = 8;  // 16-byte loads of the row in flight per lane (4: the same speed)
 
 __device__ __forceinline__ float row_sum_squares(const bf16_t* __restrict__ row, int H, bool vector16,
                                                  int lane) {
@@ -231,19 +241,21 @@ __device__ __forceinline__ float row_sum_squares(const bf16_t* __restrict__ row,
   if (vector16) {
     const uint4* row16 = (const uint4*)row;
     const int n16 = H / 8;
+    float s[2] = {0.f, 0.f};
     int c = lane;
-    for (; c + 224 < n16; c += 256) {  // 8 loads in flight per lane
-      uint4 v[8];
+    for (; c + 32 * (kRowLoads - 1) < n16; c += 32 * kRowLoads) {  // kRowLoads loads in flight per lane
+      uint4 v[kRowLoads];
       #pragma unroll
-      for (int u = 0; u < 8; ++u) v[u] = row16[c + 32 * u];
+      for (int u = 0; u < kRowLoads; ++u) v[u] = row16[c + 32 * u];
       #pragma unroll
-      for (int u = 0; u < 8; ++u) sq += sum_squares_bf16x8(v[u]);
+      for (int u = 0; u < kRowLoads; ++u) add_squares_bf16x8(v[u], s[u & 1]);
     }
-    for (; c < n16; c += 32) sq += sum_squares_bf16x8(row16[c]);
+    for (; c < n16; c += 32) add_squares_bf16x8(row16[c], s[0]);
+    sq = s[0] + s[1];
   } else {
     for (int h = lane; h < H; h += 32) {
       const float v = bf16_to_f32(row[h]);
-      sq += v * v;
+      sq = fmaf(v, v, sq);
     }
   }
   #pragma unroll
@@ -256,19 +268,37 @@ __device__ __forceinline__ float row_sum_squares(const bf16_t* __restrict__ row,
 // experts, one shuffle each.
 __device__ __forceinline__ int expert_or_none(i64 e, int E) { return e >= 0 && e < E ? (int)e : -1; }
 
+template <bool kLanes>  // K <= 32 known at compile time (sol080_router_lanes)
 struct RoutingRow {
   const i64* idx;
   const float* w;
   int K, E;
   int lane_e;
   float lane_w;
+  // Slot k's expert and weight sit in lane k.
+  __device__ __forceinline__ bool in_lanes() const { return kLanes || K <= 32; }
   __device__ __forceinline__ int expert(int k) const {
-    return K <= 32 ? __shfl_sync(0xffffffffu, lane_e, k) : expert_or_none(idx[k], E);
+    return in_lanes() ? __shfl_sync(0xffffffffu, lane_e, k) : expert_or_none(idx[k], E);
   }
   __device__ __forceinline__ float weight(int k) const {
-    return K <= 32 ? __shfl_sync(0xffffffffu, lane_w, k) : w[k];
+    return in_lanes() ? __shfl_sync(0xffffffffu, lane_w, k) : w[k];
   }
 };
+
+// Slot `lane` of a row whose slots sit one a lane (K <= 32; expert -1: outside [0, E)): outside
+// [0, E), or the same expert as another slot. Slots outside [0, E) take a key of their own, so
+// only in-range experts can repeat; a row with one outside is rejected for that anyway.
+// first_of_expert: this slot is the lowest that holds its expert (the one that scatters).
+struct LaneSlotFaults {
+  bool out_of_range, repeated, first_of_expert;
+};
+
+__device__ __forceinline__ LaneSlotFaults lane_slot_faults(const RoutingRow<true>& r, int lane) {
+  const bool slot = lane < r.K, in_range = slot && r.lane_e >= 0;
+  const unsigned same = __match_any_sync(0xffffffffu, in_range ? r.lane_e : -2 - lane);
+  return {slot && !in_range, in_range && __popc(same) > 1,
+          in_range && (same & ((1u << lane) - 1u)) == 0};
+}
 
 __device__ __forceinline__ void write_grl(float grl, i64 at, bf16_t* __restrict__ hi, bf16_t* __restrict__ lo) {
   const bf16_t h = f32_to_bf16(grl);
@@ -276,8 +306,8 @@ __device__ __forceinline__ void write_grl(float grl, i64 at, bf16_t* __restrict_
   lo[at] = f32_to_bf16(grl - bf16_to_f32(h));
 }
 
-// Blocks an SM holds at once: 6 keeps it within 40 registers (no spills), where without a minimum
-// it took 48 and an SM held 5. The kernel is latency-bound, so more tokens in flight an SM pay
+// Blocks an SM holds at once (sol080_router_lanes): 6 keeps it within 40 registers (no spills),
+// where without a minimum it took 48 and an SM held 5. The kernel is latency-bound, so more tokens in flight an SM pay
 // where its grid outnumbers its SMs many times over (beside grad_Wd on ~14 SMs): SOL-080 3072 /
 // 6144 / 4093 -3..-4 us, 1321 +1.4..+2.6, the mean -0.4..-1.3 in three A/Bs (bench/NOTES.md
 // v0.35). ROUTER_MIN_BLOCKS 0: no minimum (the A/B path, sol080.ROUTER_MIN_BLOCKS).
@@ -290,15 +320,27 @@ __device__ __forceinline__ void write_grl(float grl, i64 at, bf16_t* __restrict_
 #define ROUTER_LAUNCH_BOUNDS __launch_bounds__(kRouterWarps * 32)
 #endif
 
-extern "C" __global__ void ROUTER_LAUNCH_BOUNDS
-sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ topk_w,
-              const i64* __restrict__ topk_idx, const float* __restrict__ mask,
-              const float* __restrict__ scores, int T, int H, int E, int K,
-              bf16_t* __restrict__ hi_rows, int ld, int lo_offset, int* __restrict__ check_scratch,
-              volatile int* check_report) {
-  wait_prior_grids();
-  TRACE_SCOPE();
+#define ROUTER_PARAMS                                                                                \
+  const bf16_t* __restrict__ grad_out, const float* __restrict__ topk_w,                             \
+      const i64* __restrict__ topk_idx, const float* __restrict__ mask,                              \
+      const float* __restrict__ scores, int T, int H, int E, int K, bf16_t* __restrict__ hi_rows,    \
+      int ld, int lo_offset, int* __restrict__ check_scratch, volatile int* check_report
+#define ROUTER_ARGS                                                                                  \
+  grad_out, topk_w, topk_idx, mask, scores, T, H, E, K, hi_rows, ld, lo_offset, check_scratch,       \
+      check_report
+
+// The router's body. kLanes: K <= 32 and E <= kRouterLaneExperts (the host's choice), so a
+// routing slot sits in each lane and each lane's experts are prefetched: the index check and the
+// scatter of c run once per slot (a match and a shared-memory store), not once per slot per
+// expert, and none of the general path's code takes registers. Both forms write the same bits.
+template <bool kLanes>
+__device__ __forceinline__ void route_tokens(ROUTER_PARAMS) {
   __shared__ int first_bad[2];
+  // The lanes' form: each warp's token's G, scores and mask rows (the last two by cp.async, so
+  // that no registers hold them across the sum of squares).
+  __shared__ float G_rows[kLanes ? kRouterWarps : 1][kRouterLaneExperts];
+  __shared__ float score_rows[kLanes ? kRouterWarps : 1][kRouterLaneExperts];
+  __shared__ float mask_rows[kLanes ? kRouterWarps : 1][kRouterLaneExperts];
   if (threadIdx.x == 0) first_bad[0] = first_bad[1] = kNoRow;
   __syncthreads();
   const int lane = threadIdx.x % 32;
@@ -307,30 +349,39 @@ sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ top
     const i64 at0 = (i64)t * E;  // row t of scores and mask
     bf16_t* const hi = hi_rows + (i64)t * ld;
     bf16_t* const lo = hi + lo_offset;
-    RoutingRow r{topk_idx + (i64)t * K, topk_w + (i64)t * K, K, E, -1, 0.f};
-    if (K <= 32 && lane < K) {
+    RoutingRow<kLanes> r{topk_idx + (i64)t * K, topk_w + (i64)t * K, K, E, -1, 0.f};
+    if (r.in_lanes() && lane < K) {
       r.lane_e = expert_or_none(r.idx[lane], E);
       r.lane_w = r.w[lane];
     }
+    const int warp = threadIdx.x / 32;
     float s_pre[kRouterPrefetch], m_pre[kRouterPrefetch];
     #pragma unroll
     for (int j = 0; j < kRouterPrefetch; ++j) {
       const int e = lane + 32 * j;
-      s_pre[j] = e < E ? scores[at0 + e] : 0.f;
-      m_pre[j] = e < E ? mask[at0 + e] : 0.f;
+      if constexpr (kLanes) {
+        if (e < E) {
+          cp_async_4(&score_rows[warp][e], scores + at0 + e);
+          cp_async_4(&mask_rows[warp][e], mask + at0 + e);
+        }
+      } else {
+        s_pre[j] = e < E ? scores[at0 + e] : 0.f;
+        m_pre[j] = e < E ? mask[at0 + e] : 0.f;
+      }
     }
+    if constexpr (kLanes) cp_async_commit();
     const float q = row_sum_squares(grad_out + (i64)t * H, H,
                                     H % 8 == 0 && ((unsigned long long)grad_out & 15) == 0, lane) / (float)K;
 
-    // The index check, spread over the lanes: slot k is range-checked and compared with the
-    // earlier slots by lane k % 32.
-    TopkRowFaults f;
-    for (int k = lane; k < K; k += 32) add_topk_slot_faults(f, r.idx, k, E);
-    const bool out_of_range = __any_sync(0xffffffffu, f.out_of_range);
-    const bool repeated = __any_sync(0xffffffffu, f.repeated);
-    if (lane == 0 && out_of_range) atomicMin(&first_bad[0], t);
-    if (lane == 0 && repeated) atomicMin(&first_bad[1], t);
-
+    bool out_of_range, repeated;
+    if constexpr (!kLanes) {
+      // The index check spread over the lanes: slot k is range-checked and compared with the
+      // earlier slots by lane k % 32.
+      TopkRowFaults f;
+      for (int k = lane; k < K; k += 32) add_topk_slot_faults(f, r.idx, k, E);
+      out_of_range = __any_sync(0xffffffffu, f.out_of_range);
+      repeated = __any_sync(0xffffffffu, f.repeated);
+    }
     float S = 0.f;
     for (int k = 0; k < K; ++k) S += r.weight(k);
     S += 1e-20f;
@@ -338,30 +389,69 @@ sol080_router(const bf16_t* __restrict__ grad_out, const float* __restrict__ top
     // run side by side instead of one after another (the same terms, summed in the same order).
     const float term = q * r.lane_w / S;
     float sum = 0.f;
-    for (int k = 0; k < K; ++k) sum += K <= 32 ? __shfl_sync(0xffffffffu, term, k) : q * r.weight(k) / S;
+    for (int k = 0; k < K; ++k) sum += r.in_lanes() ? __shfl_sync(0xffffffffu, term, k) : q * r.weight(k) / S;
     const float c = (q - sum) / S;
-    float G[kRouterPrefetch] = {};  // each slot's expert fetched once, matched against the lane's experts
-    #pragma unroll 1  // unrolled, ptxas moved the prefetched values to the stack
-    for (int k = 0; k < K; ++k) {
-      const int ek = r.expert(k);  // a shuffle: every lane takes part
+
+    if constexpr (kLanes) {
+      // G[e] = 0 + c at the slots' experts, 0 elsewhere: each slot stores its term into the warp's
+      // row of G (a repeated expert fails the check, and only its first slot stores).
+      const LaneSlotFaults f = lane_slot_faults(r, lane);
+      out_of_range = __any_sync(0xffffffffu, f.out_of_range);
+      repeated = __any_sync(0xffffffffu, f.repeated);
+      float* const G_row = G_rows[warp];
       #pragma unroll
-      for (int j = 0; j < kRouterPrefetch; ++j) if (ek == lane + 32 * j) G[j] += c;
-    }
-    #pragma unroll
-    for (int j = 0; j < kRouterPrefetch; ++j) {
-      const int e = lane + 32 * j;
-      if (e < E) write_grl(G[j] * m_pre[j] * s_pre[j] * (1.f - s_pre[j]), e, hi, lo);
-    }
-    for (int e0 = 32 * kRouterPrefetch; e0 < E; e0 += 32) {  // experts past the prefetched ones
-      const int e = e0 + lane;
-      float G = 0.f;
-      for (int k = 0; k < K; ++k) if (r.expert(k) == e) G += c;
-      if (e < E) {
-        const float s = scores[at0 + e];
-        write_grl(G * mask[at0 + e] * s * (1.f - s), e, hi, lo);
+      for (int j = 0; j < kRouterPrefetch; ++j) G_row[lane + 32 * j] = 0.f;
+      __syncwarp();
+      if (f.first_of_expert) G_row[r.lane_e] = 0.f + c;
+      __syncwarp();
+      cp_async_wait<0>();  // (a lane reads back only the scores and mask it copied)
+      #pragma unroll
+      for (int j = 0; j < kRouterPrefetch; ++j) {
+        const int e = lane + 32 * j;
+        if (e < E) {
+          const float s = score_rows[warp][e];
+          write_grl(G_row[e] * mask_rows[warp][e] * s * (1.f - s), e, hi, lo);
+        }
+      }
+    } else {
+      float G[kRouterPrefetch] = {};  // each slot's expert fetched once, matched against the lane's experts
+      #pragma unroll 1  // unrolled, ptxas moved the prefetched values to the stack
+      for (int k = 0; k < K; ++k) {
+        const int ek = r.expert(k);  // a shuffle: every lane takes part
+        #pragma unroll
+        for (int j = 0; j < kRouterPrefetch; ++j) if (ek == lane + 32 * j) G[j] += c;
+      }
+      #pragma unroll
+      for (int j = 0; j < kRouterPrefetch; ++j) {
+        const int e = lane + 32 * j;
+        if (e < E) write_grl(G[j] * m_pre[j] * s_pre[j] * (1.f - s_pre[j]), e, hi, lo);
+      }
+      for (int e0 = 32 * kRouterPrefetch; e0 < E; e0 += 32) {  // experts past the prefetched ones
+        const int e = e0 + lane;
+        float G = 0.f;
+        for (int k = 0; k < K; ++k) if (r.expert(k) == e) G += c;
+        if (e < E) {
+          const float s = scores[at0 + e];
+          write_grl(G * mask[at0 + e] * s * (1.f - s), e, hi, lo);
+        }
       }
     }
+    if (lane == 0 && out_of_range) atomicMin(&first_bad[0], t);
+    if (lane == 0 && repeated) atomicMin(&first_bad[1], t);
   }
   __syncthreads();
   if (threadIdx.x == 0) publish_topk_verdict(first_bad[0], first_bad[1], check_scratch, check_report);
+}
+
+// The general form (K > 32 or E > 128: not the contract's shapes), with no spills at 64 registers.
+extern "C" __global__ void __launch_bounds__(kRouterWarps * 32, 1) sol080_router(ROUTER_PARAMS) {
+  wait_prior_grids();
+  TRACE_SCOPE();
+  route_tokens<false>(ROUTER_ARGS);
+}
+
+extern "C" __global__ void ROUTER_LAUNCH_BOUNDS sol080_router_lanes(ROUTER_PARAMS) {
+  wait_prior_grids();
+  TRACE_SCOPE();
+  route_tokens<true>(ROUTER_ARGS);
 }

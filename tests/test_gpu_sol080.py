@@ -98,6 +98,24 @@ def test_bad_topk_indices_rejected_and_inputs_kept(bad, match):
     assert (idx == before).all()
 
 
+@pytest.mark.parametrize("E,K", [(128, 8), (160, 8), (40, 33)])  # both router kernels' checks
+def test_a_row_with_two_equal_bad_indices_is_out_of_range_and_a_repeat_elsewhere_is_reported(E, K):
+    """Two slots holding the same out-of-range value are reported as out of range (the range
+    error goes first), and with every index in range the first repeating row is found."""
+    import cupy as cp
+
+    a = {k: cp.asarray(v) for k, v in make_sol080_inputs(70, 64, 24, E, K, seed=4).items()}
+    idx = a["topk_indices"].copy()
+    idx[9, 0] = idx[9, K - 1] = E + 7
+    idx[3, 1] = idx[3, 0]
+    with pytest.raises(ValueError, match=f"{E + 7} in row 9$"):
+        cupy_moe.sol080_backward(**dict(a, topk_indices=idx))
+    idx[9] = a["topk_indices"][9]
+    idx[41, K - 1] = idx[41, 0]
+    with pytest.raises(ValueError, match="row 3 repeats"):
+        cupy_moe.sol080_backward(**dict(a, topk_indices=idx))
+
+
 def test_bad_topk_indices_report_the_first_bad_row_across_blocks_and_leave_no_state():
     """The check folds many blocks' verdicts (256 rows each): the first bad row is reported
     whichever block finishes last, and a good call right after a bad one passes (the kernel
@@ -245,7 +263,10 @@ def _router_terms_in_order(tw, idx, mask, scores, q, E):
     return hi, lo
 
 
-@pytest.mark.parametrize("T,H,E,K", [(333, 4096, 128, 8), (37, 64, 160, 40), (5, 36, 6, 3)])
+# sol080_router_lanes (K <= 32, E <= 128: 333 / 5 / 66) and sol080_router (E > 128 with the slots in
+# the lanes: 29; K > 32: 37 / 11).
+@pytest.mark.parametrize("T,H,E,K", [(333, 4096, 128, 8), (37, 64, 160, 40), (5, 36, 6, 3), (66, 200, 128, 32),
+                                     (29, 72, 160, 8), (11, 48, 100, 33)])
 def test_router_kernel_writes_the_contracts_router_terms_bitwise(T, H, E, K):
     """The router kernel (steps 7-10, plus the index check) against the contract's formula
     evaluated in the same fp32 order. grad_output holds +-1, +-1/2, +-1/4, so that q is exact
