@@ -310,7 +310,8 @@ __device__ __forceinline__ void write_grl(float grl, i64 at, bf16_t* __restrict_
 // where without a minimum it took 48 and an SM held 5. The kernel is latency-bound, so more
 // tokens in flight an SM pay where its grid outnumbers its SMs many times over (beside grad_Wd
 // on ~14 SMs): SOL-080 3072 / 6144 / 4093 -3..-4 us, 1321 +1.4..+2.6, the mean -0.4..-1.3 in
-// three A/Bs (bench/NOTES.md v0.35; 5 blocks measured the same after v0.37's rewrite). ROUTER_MIN_BLOCKS 0: no minimum (the A/B path, sol080.ROUTER_MIN_BLOCKS).
+// three A/Bs (bench/NOTES.md v0.35; after v0.37's rewrite 5, 7 and 8 blocks measured the same).
+// ROUTER_MIN_BLOCKS 0: no minimum (the A/B path, sol080.ROUTER_MIN_BLOCKS).
 #ifndef ROUTER_MIN_BLOCKS
 #define ROUTER_MIN_BLOCKS 6
 #endif
