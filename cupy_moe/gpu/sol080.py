@@ -567,7 +567,8 @@ def _swiglu_bulk(inputs: _Inputs, ws: _Workspace, blocks: int, cancel) -> bool:
 
 
 _ROUTER_WARPS = 8  # kRouterWarps in sol080.cu: tokens per block
-_ROUTER_LANES_MAX_K, _ROUTER_LANES_MAX_E = 32, 128  # sol080_router_lanes' shapes (a slot a lane, 4 experts a lane)
+# sol080_router_lanes' shapes: a routing slot a lane, 4 experts a lane (else sol080_router).
+_ROUTER_LANES_MAX_K, _ROUTER_LANES_MAX_E = 32, 128
 _ROUTER_MIN_BLOCKS = 6  # sol080.cu's own ROUTER_MIN_BLOCKS: its default module, no prelude
 # A/B only: the router kernel's __launch_bounds__ blocks an SM (0: no minimum; _Plan.router_min_blocks).
 ROUTER_MIN_BLOCKS = int(os.environ.get("CUPY_MOE_SOL080_ROUTER_MIN_BLOCKS", str(_ROUTER_MIN_BLOCKS)))
@@ -592,7 +593,8 @@ def _router_kernel(inputs: _Inputs, hi, ld: int, lo_offset: int, check_args,
     T, H = a.g.shape
     E, K = a.wr.shape[0], a.idx.shape[1]
     prelude = "" if min_blocks == _ROUTER_MIN_BLOCKS else f"#define ROUTER_MIN_BLOCKS {min_blocks}\n"
-    kernel = "sol080_router_lanes" if K <= _ROUTER_LANES_MAX_K and E <= _ROUTER_LANES_MAX_E else "sol080_router"
+    lanes = K <= _ROUTER_LANES_MAX_K and E <= _ROUTER_LANES_MAX_E
+    kernel = "sol080_router_lanes" if lanes else "sol080_router"
     _launch.launch(_build.load_module("sol080.cu", prelude), kernel, (cdiv(T, _ROUTER_WARPS),),
                    (32 * _ROUTER_WARPS,),
                    [ptr(a.g), ptr(a.tw), ptr(a.idx), ptr(a.mask), ptr(a.scores), i32(T), i32(H),
