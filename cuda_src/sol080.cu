@@ -285,21 +285,6 @@ struct RoutingRow {
   }
 };
 
-// Slot `lane` of a row whose slots sit one a lane (K <= 32; expert -1: outside [0, E)): outside
-// [0, E), or the same expert as another slot. Slots outside [0, E) take a key of their own, so
-// only in-range experts can repeat; a row with one outside is rejected for that anyway.
-// first_of_expert: this slot is the lowest that holds its expert (the one that scatters).
-struct LaneSlotFaults {
-  bool out_of_range, repeated, first_of_expert;
-};
-
-__device__ __forceinline__ LaneSlotFaults lane_slot_faults(const RoutingRow<true>& r, int lane) {
-  const bool slot = lane < r.K, in_range = slot && r.lane_e >= 0;
-  const unsigned same = __match_any_sync(0xffffffffu, in_range ? r.lane_e : -2 - lane);
-  return {slot && !in_range, in_range && __popc(same) > 1,
-          in_range && (same & ((1u << lane) - 1u)) == 0};
-}
-
 __device__ __forceinline__ void write_grl(float grl, i64 at, bf16_t* __restrict__ hi, bf16_t* __restrict__ lo) {
   const bf16_t h = f32_to_bf16(grl);
   hi[at] = h;
@@ -396,7 +381,7 @@ __device__ __forceinline__ void route_tokens(ROUTER_PARAMS) {
     if constexpr (kLanes) {
       // G[e] = 0 + c at the slots' experts, 0 elsewhere: each slot stores its term into the warp's
       // row of G (a repeated expert fails the check, and only its first slot stores).
-      const LaneSlotFaults f = lane_slot_faults(r, lane);
+      const LaneSlotFaults f = lane_topk_slot_faults(r.lane_e, K, lane);
       out_of_range = __any_sync(0xffffffffu, f.out_of_range);
       repeated = __any_sync(0xffffffffu, f.repeated);
       float* const G_row = G_rows[warp];

@@ -38,6 +38,21 @@ __device__ __forceinline__ TopkRowFaults topk_row_faults(const i64* __restrict__
   return f;
 }
 
+// The same check with a row's slots one a lane (K <= 32): lane k holds slot k's expert, -1 where
+// it lies outside [0, E). Slots outside [0, E) take a key of their own, so only in-range experts
+// can repeat; a row with one outside is rejected for its range first anyway (the verdict reports
+// range faults before repeats). first_of_expert: this slot is the lowest that holds its expert.
+struct LaneSlotFaults {
+  bool out_of_range, repeated, first_of_expert;
+};
+
+__device__ __forceinline__ LaneSlotFaults lane_topk_slot_faults(int expert, int K, int lane) {
+  const bool slot = lane < K, in_range = slot && expert >= 0;
+  const unsigned same = __match_any_sync(0xffffffffu, in_range ? expert : -2 - lane);
+  return {slot && !in_range, in_range && __popc(same) > 1,
+          in_range && (same & ((1u << lane) - 1u)) == 0};
+}
+
 // Called by one thread of every block, after the block's first bad rows are known (kNoRow: none).
 __device__ __forceinline__ void publish_topk_verdict(int block_bad_range, int block_bad_repeat,
                                                      int* __restrict__ scratch, volatile int* report) {
