@@ -55,6 +55,28 @@ def timer(reps, hold_ms=0.0):
     return measure
 
 
+def machine_ceilings(reps):
+    """This machine's two measured ceilings, as anchors.md measured them (an 8192^3 bf16 product
+    through cupy.matmul on random data, a 2 GiB device-to-device copy counting bytes read and
+    written), timed like the rest: H200s differ by ~3% (bench/NOTES.md v0.38), most under the
+    power cap, so a table's absolute times come with the machine's own rates."""
+    import cupy as cp
+
+    from cupy_moe import bfloat16
+
+    measure = timer(reps)
+    n = 8192
+    a = cp.random.standard_normal((n, n), cp.float32).astype(bfloat16)
+    b = cp.random.standard_normal((n, n), cp.float32).astype(bfloat16)
+    flops = 2 * n ** 3 / measure(lambda: cp.matmul(a, b)) * 1e6
+    src = cp.ones(2 ** 31 // 4, cp.float32)
+    dst = cp.empty_like(src)
+    bytes_per_s = 2 * src.nbytes / measure(lambda: dst.__setitem__(Ellipsis, src)) * 1e6
+    print(f"\nThis machine: cuBLAS bf16 {n}^3 {flops / 1e12:.0f} TFLOP/s (anchors.md: 789), device copy "
+          f"{bytes_per_s / 1e12:.2f} TB/s (4.22)")
+    return flops, bytes_per_s
+
+
 # ---------------------------------------------------------------- GEMM engine
 def _grouped_mm():
     try:
@@ -236,7 +258,7 @@ def sol080_torch_peer():
     return torch, run
 
 
-def sol080_table(reps):
+def sol080_table(reps, ceilings=None):
     import cupy as cp
 
     import cupy_moe
@@ -266,13 +288,17 @@ def sol080_table(reps):
         nbytes = (2 * T * H * 2 + T * E * 4 * 3 + T * K * 12 + 3 * I * H * 2 + 3 * T * I * 2  # inputs
                   + T * H * 2 + E * H * 4 + 3 * I * H * 2)                                  # outputs
         sol = max(flops / PEAK_FLOPS, nbytes / PEAK_BYTES) * 1e6
-        rows.append((T, t_ours, t_cupy, t_torch, sol))
+        machine_sol = max(flops / ceilings[0], nbytes / ceilings[1]) * 1e6 if ceilings else float("nan")
+        rows.append((T, t_ours, t_cupy, t_torch, sol, machine_sol))
         print(f"{T:>6} {t_ours:8.1f} {t_cupy:8.1f} {t_torch:8.1f} {sol:7.1f} {t_cupy / t_ours:7.2f} "
               f"{t_torch / t_ours:7.2f} {100 * sol / t_ours:5.1f}% {flops / t_ours / 1e6:8.1f} "
               f"{'ok' if ok else 'FAIL'}")
     m = np.mean(np.array([r[1:] for r in rows]), axis=0)
     print(f"{'mean':>6} {m[0]:8.1f} {m[1]:8.1f} {m[2]:8.1f} {m[3]:7.1f} {m[1] / m[0]:7.2f} "
           f"{m[2] / m[0]:7.2f} {100 * m[3] / m[0]:5.1f}%")
+    if ceilings:
+        print(f"speed of light at this machine's measured ceilings: {m[4]:.1f} us on the mean "
+              f"(anchors.md's machine: 213.0); ours at {100 * m[4] / m[0]:.1f}% of it")
     return rows
 
 
@@ -492,10 +518,13 @@ def main(argv=None):
     ap.add_argument("--T", default="4096,8192,16384")
     args = ap.parse_args(argv)
     both = not (args.gemm or args.sol080 or args.layer)
+    ceilings = machine_ceilings(args.reps)
+    import cupy as cp
+    cp.get_default_memory_pool().free_all_blocks()  # (its 2.8 GiB of operands)
     if args.gemm or both:
         gemm_table(args.reps)
     if args.sol080 or both:
-        sol080_table(args.reps)
+        sol080_table(args.reps, ceilings)
     if args.layer or both:
         layer_table(args.reps, [int(t) for t in args.T.split(",")])
 

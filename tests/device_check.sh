@@ -37,7 +37,7 @@ clock_log=$!
 timeout 200 python3 bench/benchmark.py --reps 20 ${BENCH_ARGS---sol080 --layer} > "$out/bench.txt" 2>&1
 if [[ "${BENCH_ARGS---sol080 --layer}" == *sol080* ]]; then  # the side-stream A/B in the same run
   echo "== CUPY_MOE_SOL080_STREAMS=0" >> "$out/bench.txt"
-  CUPY_MOE_SOL080_STREAMS=0 timeout 90 python3 bench/benchmark.py --reps 20 --sol080 2>&1 | tail -18 >> "$out/bench.txt"
+  CUPY_MOE_SOL080_STREAMS=0 timeout 90 python3 bench/benchmark.py --reps 20 --sol080 2>&1 | tail -19 >> "$out/bench.txt"
 fi
 kill "$clock_log" 2>/dev/null
 python3 bench/clocks.py "$out/clocks.csv" >> "$out/bench.txt" 2>&1 || true
