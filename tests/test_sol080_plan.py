@@ -265,3 +265,26 @@ def test_grad_wgu_claims_its_tiles_where_it_runs_beside(plan_of, T, claims, monk
     monkeypatch.setattr(sol080, "CLAIMS", "auto")
     monkeypatch.setattr(sol080, "CONCURRENT", False)
     assert plan_of(T).claims == frozenset()
+
+
+def test_a_plan_is_kept_until_a_setting_or_the_alignment_changes(plan_of, monkeypatch):
+    """_Plan.of keeps its plans (gpu/settings.py): the same shapes, alignment and settings give the
+    kept plan; a setting assigned at run time (as tests and the A/B scripts do) or an operand off
+    16-byte alignment gives a plan derived anew."""
+    from cupy_moe.gpu import gemm, settings, sol080
+
+    first = plan_of(8192)
+    assert plan_of(8192) is first and first.wd_first
+    before = settings.epoch()
+    monkeypatch.setattr(sol080, "WD_FIRST", "0")
+    assert settings.epoch() > before
+    assert not plan_of(8192).wd_first
+    monkeypatch.setattr(sol080, "WD_FIRST", "auto")
+    assert plan_of(8192) == first
+    epoch = settings.epoch()
+    monkeypatch.setattr(gemm, "STORE_RING", gemm.STORE_RING)  # (any assignment counts)
+    assert settings.epoch() == epoch + 1
+    g, x, wr, gate = _Array((8192, H), 0x1000_0008), _Array((8192, H)), _Array((E, H)), _Array((8192, I))
+    wg, wu, wd = _Array((I, H)), _Array((I, H)), _Array((H, I))
+    misaligned = sol080._Plan.of(g, x, wr, wg, wu, wd, gate)
+    assert not misaligned.act_fused and first.act_fused  # d_act off the Hopper loop

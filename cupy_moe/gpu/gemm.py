@@ -19,6 +19,7 @@ from typing import Sequence
 
 from .. import _build, _launch
 from .._launch import cdiv
+from . import settings
 from .tma import TmaDesc, encode
 
 MAX_SEGMENTS = 4
@@ -299,6 +300,13 @@ def _device_info(device_id: int):
 
     dev = cupy.cuda.Device(device_id)
     return dev.compute_capability, dev.attributes["MultiProcessorCount"]
+
+
+def device_traits() -> tuple:
+    """(compute capability, SM count) of the current device: what the plans built on it read."""
+    import cupy
+
+    return _device_info(cupy.cuda.Device().id)
 
 
 def device_sms() -> int:
@@ -898,3 +906,6 @@ def example_sm90_configs():
     out.append(Sm90Config.choose(11, 4096, 132, 0, False, A_KMAJOR=False, B_KMAJOR=False, GROUPING=2,
                                  C_TMA=True, DYNAMIC=True))
     return [dataclasses.replace(cfg, BAND_M=band_rows(cfg)) for cfg in out]  # as _prepare_sm90 sets it
+
+
+settings.watch(__name__)  # (gpu/sol080.py keeps its plans until a setting changes)

@@ -9,6 +9,7 @@ from .. import _build, _launch
 from .._arrays import bfloat16
 from .._launch import cdiv, f32, grid_stride_blocks, i32, i64, ptr
 from . import gemm as _gemm
+from . import settings
 from .gemm import Segment, device_sms, gemm
 
 _WARPS = 4
@@ -132,3 +133,6 @@ def weight_gradient(grl, x, out, partial=None, cancel=None) -> None:
     n = E * H
     _launch.launch(_module(), "sum_splits", (grid_stride_blocks(n),), (256,),
                    [ptr(partial), i32(splits * rows // E), i64(n), ptr(out), ptr(cancel)])
+
+
+settings.watch(__name__)  # (gpu/sol080.py keeps its plans until a setting changes)

@@ -59,7 +59,7 @@ import cupy as cp
 from .. import _build, _launch, validate
 from .._arrays import bfloat16
 from .._launch import cdiv, grid_stride_blocks, i32, i64, ptr
-from . import graphs, router
+from . import graphs, router, settings
 from . import gemm as gemm_module
 from .gemm import (Segment, Sm90Config, SwigluBackward, _addr, device_sms, even_round_ctas, gemm,
                    k_splits_for, sm90_applies, transposed_applies)
@@ -220,6 +220,20 @@ class _Plan:
 
     @classmethod
     def of(cls, g, x, wr, wg, wu, wd, gate):
+        """The call's plan: a function of T, H, I, E, the operands' 16-byte alignment, the device
+        and the modules' settings, kept per those until a setting changes (settings.epoch; the
+        rules below take ~20 us of host time, bench/NOTES.md v0.38)."""
+        key = (settings.epoch(), gemm_module.device_traits(), g.shape, gate.shape[1], wr.shape[0],
+               tuple(a.data.ptr % 16 for a in (g, x, wr, wg, wu, wd, gate)))
+        plan = _plans.get(key)
+        if plan is None:
+            if len(_plans) >= 64:
+                _plans.clear()
+            plan = _plans[key] = cls._derive(g, x, wr, wg, wu, wd, gate)
+        return plan
+
+    @classmethod
+    def _derive(cls, g, x, wr, wg, wu, wd, gate):
         T, H = g.shape
         I, E = gate.shape[1], wr.shape[0]
         d_act_on_sm90 = sm90_applies(T, I, [Segment(g, H, wd, I, k=H)], True, False)
@@ -284,6 +298,9 @@ class _Plan:
                    store_ring=gemm_module.STORE_RING,
                    band_rows=(gemm_module.BAND_ROWS, gemm_module.BAND_NARROW_ROWS), dgrad_wide=dgrad_wide,
                    router_min_blocks=ROUTER_MIN_BLOCKS)
+
+
+_plans: dict = {}  # _Plan.of's key -> _Plan
 
 
 @dataclass(frozen=True)
@@ -649,3 +666,6 @@ def _finish_dgrad(grad_h, ws: _Workspace, plan: _Plan, cancel) -> None:
         _launch.launch(_build.load_module("sol080.cu"), "sum_pieces_bf16", (grid_stride_blocks(n),),
                        (256,), [ptr(ws.dgrad_pieces), i32(plan.dgrad_splits), i64(n), ptr(grad_h),
                                 ptr(cancel)])
+
+
+settings.watch(__name__)  # (_Plan.of keeps its plans until a setting changes)
