@@ -59,22 +59,34 @@ def machine_ceilings(reps):
     """This machine's two measured ceilings, as anchors.md measured them (an 8192^3 bf16 product
     through cupy.matmul on random data, a 2 GiB device-to-device copy counting bytes read and
     written), timed like the rest: H200s differ by ~3% (bench/NOTES.md v0.38), most under the
-    power cap, so a table's absolute times come with the machine's own rates."""
+    power cap, so a table's absolute times come with the machine's own rates. Their 2.8 GiB of
+    operands go back to the device before the tables run."""
+    import cupy as cp
+
+    measure = timer(reps)
+    flops, bytes_per_s = _matmul_rate(measure, 8192), _copy_rate(measure, 2 ** 31)
+    cp.get_default_memory_pool().free_all_blocks()
+    print(f"\nThis machine: cuBLAS bf16 8192^3 {flops / 1e12:.0f} TFLOP/s (anchors.md: 789), device "
+          f"copy {bytes_per_s / 1e12:.2f} TB/s (4.22)")
+    return flops, bytes_per_s
+
+
+def _matmul_rate(measure, n):
     import cupy as cp
 
     from cupy_moe import bfloat16
 
-    measure = timer(reps)
-    n = 8192
     a = cp.random.standard_normal((n, n), cp.float32).astype(bfloat16)
     b = cp.random.standard_normal((n, n), cp.float32).astype(bfloat16)
-    flops = 2 * n ** 3 / measure(lambda: cp.matmul(a, b)) * 1e6
-    src = cp.ones(2 ** 31 // 4, cp.float32)
+    return 2 * n ** 3 / measure(lambda: cp.matmul(a, b)) * 1e6
+
+
+def _copy_rate(measure, nbytes):
+    import cupy as cp
+
+    src = cp.ones(nbytes // 4, cp.float32)
     dst = cp.empty_like(src)
-    bytes_per_s = 2 * src.nbytes / measure(lambda: dst.__setitem__(Ellipsis, src)) * 1e6
-    print(f"\nThis machine: cuBLAS bf16 {n}^3 {flops / 1e12:.0f} TFLOP/s (anchors.md: 789), device copy "
-          f"{bytes_per_s / 1e12:.2f} TB/s (4.22)")
-    return flops, bytes_per_s
+    return 2 * nbytes / measure(lambda: dst.__setitem__(Ellipsis, src)) * 1e6
 
 
 # ---------------------------------------------------------------- GEMM engine
@@ -519,8 +531,6 @@ def main(argv=None):
     args = ap.parse_args(argv)
     both = not (args.gemm or args.sol080 or args.layer)
     ceilings = machine_ceilings(args.reps)
-    import cupy as cp
-    cp.get_default_memory_pool().free_all_blocks()  # (its 2.8 GiB of operands)
     if args.gemm or both:
         gemm_table(args.reps)
     if args.sol080 or both:

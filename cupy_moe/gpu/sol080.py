@@ -37,8 +37,8 @@ that keep its rounds, or split in fewer pieces); every GEMM CTA takes a whole SM
 a router queued beside a d_act that fills the SMs would wait for it and hold back the dgrad:
 there (T = 3072), and from T = 5120 (WD_FIRST), grad_Wd runs first instead, with the router beside
 it, and d_act after it (the router goes first, alone, only where neither order applies: d_act off
-the Hopper loop or split over every SM, or one stream). d_act reads no routing, so it does not wait for the verdict when the router runs
-beside it or beside grad_Wd; grad_Wd likewise.
+the Hopper loop or split over every SM, or one stream). d_act reads no routing, so it does not
+wait for the verdict when the router runs beside it or beside grad_Wd; grad_Wd likewise.
 Elsewhere grad_Wd, which needs neither d_act nor the router, takes the SMs d_act's last round
 leaves, as grad_[Wg; Wu] beside the dgrad (at small T grad_[Wg; Wu] follows the dgrad on the main
 stream instead, the dgrad unsplit and grad_Wd on the SMs it leaves: SMALL_T_ORDER).
