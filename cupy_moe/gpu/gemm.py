@@ -311,9 +311,7 @@ def device_traits() -> tuple:
 
 def device_sms() -> int:
     """Streaming multiprocessors of the current device."""
-    import cupy
-
-    return _device_info(cupy.cuda.Device().id)[1]
+    return device_traits()[1]
 
 
 @dataclass
@@ -621,9 +619,7 @@ def _sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stri
     """None when the Hopper main loop applies, else the reason. TMA needs 16-byte aligned
     addresses and strides; gathered operands (cp.async) move whole 16-byte chunks, so their line
     lengths must be multiples of 8; the epilogue stores element pairs."""
-    import cupy
-
-    cc, _ = _device_info(cupy.cuda.Device().id)
+    cc, _ = device_traits()
     if cc != "90":
         return f"compute capability {cc}, not 90"
     for s in segments:
