@@ -4,17 +4,19 @@ MMA warpgroups run wgmma m64nNk16 back to back on operands resident in shared me
 K-major, 128-byte swizzle, 4 k16 steps a "k-step" (64 deep, as the GEMM's). A traffic warpgroup
 beside them moves bytes through the same SM until they finish:
   0 nothing; 1 bulk copies global -> shared (as TMA loads; 16 KB each, RING of them in flight);
-  2 st.shared.v4; 3 st.global.v4 (a 256 KB region a CTA, L2-resident); 4 bulk copies
-  shared -> global (as TMA stores); 5 ld.shared.v4.
+  2 st.shared; 3 st.global (a 256 KB region a CTA, L2-resident); 4 bulk copies shared -> global
+  (as TMA stores); 5 ld.shared; 6 ld.global.cg (L2 hits); the thread modes by 16-byte (v4) or,
+  with VEC=1, also 8-byte (v2) accesses.
 Printed per case: the MMA warpgroups' cycles a k-step from the first one's start to the last one's
 end, the tensor peak's (4096 FLOP a clock an SM), the wgmma operand bytes a clock that implies
 (A 2 KB + B 32 N bytes a wgmma), and the traffic's bytes a clock. SWEEP=1: bulk loads alone and
 beside MMAs over 8 .. 132 CTAs (the L2's aggregate rate). Session 40 on an H200: every MMA shape
 alone at 100% of peak (128 B a clock of operands included); bulk loads with 128 KB in flight
 beside them ~51 B a clock at no MMA cost; thread-issued st.shared / ld.shared / st.global at 22-36
-B a clock cost the MMAs 16-26%; bulk stores 13 B a clock ~5%; bulk loads alone ~49.5 B a clock
-an SM on 132 SMs (~13 TB/s), 69 on up to 99.
-Usage (device): PYTHONPATH=. python bench/port_probe.py  (ITERS=4000, SWEEP=1)"""
+B a clock cost the MMAs 16-26%, and shared-memory accesses twice as much a byte by 8-byte ones as by
+16-byte ones; ld.global (L2 hits) at 17-26 B a clock costs nothing; bulk stores 13 B a clock ~5%;
+bulk loads alone ~49.5 B a clock an SM on 132 SMs (~13 TB/s), 69 on up to 99.
+Usage (device): PYTHONPATH=. python bench/port_probe.py  (ITERS=4000; SWEEP=1; VEC=1)"""
 import os
 import sys
 
@@ -32,7 +34,7 @@ __device__ __forceinline__ void bulk_store(void* dst, const void* src, u32 bytes
                :: "l"(dst), "r"(smem_addr(src)), "r"(bytes) : "memory");
 }
 
-template <int N, int WGS, int MODE, int RING>
+template <int N, int WGS, int MODE, int RING, int VEC>
 __device__ __forceinline__ void probe(const u8* src, u8* dst, unsigned long long* out, int iters, long long max_bytes) {
   extern __shared__ __align__(1024) u8 raw[];
   u8* smem = (u8*)(((unsigned long long)raw + 1023) & ~1023ull);
@@ -83,27 +85,47 @@ __device__ __forceinline__ void probe(const u8* src, u8* dst, unsigned long long
         }
       }
     } else {
+      // VEC-byte accesses (16: v4, 8: v2), 256 bytes a thread a loop trip either way.
+      constexpr int PER = 256 / VEC;
       u8* base = smem + FILL_OFF;
-      uint4* gbase = (uint4*)(dst + (unsigned long long)blockIdx.x * 262144);
+      u8* gbase = dst + (unsigned long long)blockIdx.x * 262144;
+      const u8* gsrc = src + (unsigned long long)(blockIdx.x % 64) * 65536;
       uint4 v = make_uint4(t, 1, 2, 3), acc = make_uint4(0, 0, 0, 0);
       int j = 0;
       while (!stop()) {
         #pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          const int idx = (t + 128 * (i + 16 * j)) % (RING * CHUNK / 16);
-          const u32 addr = smem_addr(base + 16 * idx);
-          if constexpr (MODE == 2)
-            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" :: "r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
-          else if constexpr (MODE == 3) gbase[(t + 128 * (i + 16 * j)) % 16384] = v;
-          else {
-            uint4 r;
-            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(addr) : "memory");
+        for (int i = 0; i < PER; ++i) {
+          const int idx = (t + 128 * (i + PER * j)) % (RING * CHUNK / VEC);
+          const u32 addr = smem_addr(base + VEC * idx);
+          const int gidx = (t + 128 * (i + PER * j)) % (262144 / VEC);
+          if constexpr (MODE == 2) {
+            if constexpr (VEC == 16)
+              asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" :: "r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+            else
+              asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" :: "r"(addr), "r"(v.x), "r"(v.y) : "memory");
+          } else if constexpr (MODE == 3) {
+            if constexpr (VEC == 16) ((uint4*)gbase)[gidx] = v;
+            else ((uint2*)gbase)[gidx] = make_uint2(v.x, v.y);
+          } else if constexpr (MODE == 6) {
+            const unsigned long long ga = (unsigned long long)(gsrc + VEC * (gidx % (65536 / VEC)));
+            u32 r0, r1, r2 = 0, r3 = 0;
+            if constexpr (VEC == 16)
+              asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "l"(ga) : "memory");
+            else
+              asm volatile("ld.global.cg.v2.u32 {%0, %1}, [%2];\n" : "=r"(r0), "=r"(r1) : "l"(ga) : "memory");
+            acc.x ^= r0; acc.y ^= r1; acc.z ^= r2; acc.w ^= r3;
+          } else {
+            uint4 r = make_uint4(0, 0, 0, 0);
+            if constexpr (VEC == 16)
+              asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(addr) : "memory");
+            else
+              asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(r.x), "=r"(r.y) : "r"(addr) : "memory");
             acc.x ^= r.x; acc.y ^= r.y; acc.z ^= r.z; acc.w ^= r.w;
           }
         }
         j = (j + 1) & 7;
         v.x += 1;
-        bytes += 16 * 16 * 128;  // the warpgroup's bytes (each thread counts them all; t == 0 reports)
+        bytes += 256 * 128;  // the warpgroup's bytes (each thread counts them all; t == 0 reports)
       }
       if (acc.x == 0x12345678u && acc.y == 7u) out[blockIdx.x * 16 + 12] = acc.z;
     }
@@ -144,10 +166,15 @@ __device__ __forceinline__ void probe(const u8* src, u8* dst, unsigned long long
   }
 }
 
-#define PROBE(N, WGS, MODE, RING) \
+#define PROBE_V(N, WGS, MODE, RING, VEC) \
   extern "C" __global__ void __launch_bounds__((WGS + 1) * 128, 1) \
-  probe_##N##_##WGS##_##MODE##_##RING(const u8* src, u8* dst, unsigned long long* out, int iters, long long max_bytes) { \
-    probe<N, WGS, MODE, RING>(src, dst, out, iters, max_bytes); }
+  probe_##N##_##WGS##_##MODE##_##RING##_##VEC(const u8* src, u8* dst, unsigned long long* out, int iters, \
+                                               long long max_bytes) { \
+    probe<N, WGS, MODE, RING, VEC>(src, dst, out, iters, max_bytes); }
+#define PROBE(N, WGS, MODE, RING) PROBE_V(N, WGS, MODE, RING, 16)
+PROBE_V(256, 2, 2, 3, 8) PROBE_V(256, 2, 3, 3, 8) PROBE_V(256, 2, 5, 3, 8) PROBE_V(256, 2, 6, 3, 8)
+PROBE(256, 2, 6, 3) PROBE(64, 0, 6, 3) PROBE_V(64, 0, 2, 3, 8) PROBE_V(64, 0, 3, 3, 8) PROBE_V(64, 0, 5, 3, 8)
+PROBE_V(64, 0, 6, 3, 8)
 PROBE(256, 2, 0, 3) PROBE(128, 2, 0, 3) PROBE(128, 4, 0, 3) PROBE(64, 2, 0, 3) PROBE(64, 4, 0, 3)
 PROBE(256, 2, 1, 3) PROBE(128, 2, 1, 3) PROBE(128, 4, 1, 3) PROBE(64, 4, 1, 3)
 PROBE(256, 2, 1, 8) PROBE(128, 2, 1, 8) PROBE(128, 4, 1, 8) PROBE(64, 4, 1, 8)
@@ -156,7 +183,7 @@ PROBE(256, 2, 5, 3) PROBE(128, 2, 5, 3) PROBE(128, 4, 2, 3) PROBE(128, 4, 5, 3)
 PROBE(64, 0, 1, 3) PROBE(64, 0, 1, 8) PROBE(64, 0, 2, 3) PROBE(64, 0, 3, 3) PROBE(64, 0, 4, 3) PROBE(64, 0, 5, 3)
 '''
 
-MODES = {0: "none", 1: "bulk load", 2: "st.shared", 3: "st.global", 4: "bulk store", 5: "ld.shared"}
+MODES = {0: "none", 1: "bulk load", 2: "st.shared", 3: "st.global", 4: "bulk store", 5: "ld.shared", 6: "ld.global"}
 CASES = [(256, 2, 0, 3), (128, 2, 0, 3), (128, 4, 0, 3), (64, 2, 0, 3), (64, 4, 0, 3),
          (64, 0, 1, 3), (64, 0, 1, 8), (64, 0, 2, 3), (64, 0, 3, 3), (64, 0, 4, 3), (64, 0, 5, 3),
          (256, 2, 1, 3), (128, 2, 1, 3), (128, 4, 1, 3), (64, 4, 1, 3),
@@ -178,19 +205,24 @@ def main():
     iters = int(os.environ.get("ITERS", "4000"))
     print(f"{'N':>4} {'WGs':>3} {'traffic':>13} {'CTAs':>4} | {'MMA cyc/kstep':>13} {'peak':>5} {'%peak':>6} "
           f"{'wgmma B/clk':>11} | {'traffic B/clk':>13} | sum B/clk")
-    sweep = os.environ.get("SWEEP")
-    for ctas in ((8, 16, 33, 66, 99, 132) if sweep else (16, 132)):
-        for n, wgs, mode, ring in ([(64, 0, 1, 3), (64, 0, 1, 8), (128, 2, 1, 8), (256, 2, 1, 8)] if sweep else CASES):
+    sweep, vec = os.environ.get("SWEEP"), os.environ.get("VEC")
+    vec_cases = [(n, w, m, 3, v) for v in (16, 8) for m in (2, 3, 5, 6) for n, w in ((64, 0), (256, 2))]
+    for ctas in ((8, 16, 33, 66, 99, 132) if sweep else (132,) if vec else (16, 132)):
+        for case in ([(64, 0, 1, 3), (64, 0, 1, 8), (128, 2, 1, 8), (256, 2, 1, 8)] if sweep else
+                     vec_cases if vec else CASES):
+            n, wgs, mode, ring = case[:4]
+            width = case[4] if len(case) > 4 else 16
             out = cp.zeros(ctas * 16, cp.uint64)
             smem = wgs * 8192 + n * 128 + ring * 16384 + 128 + 1024
             args = [_launch.ptr(src), _launch.ptr(dst), _launch.ptr(out), _launch.i32(iters), _launch.i64(64 << 20)]
-            name = f"probe_{n}_{wgs}_{mode}_{ring}"
+            name = f"probe_{n}_{wgs}_{mode}_{ring}_{width}"
             for _ in range(2):  # the second run is the one read
                 out.fill(0)
                 _launch.launch(mod, name, (ctas,), ((wgs + 1) * 128,), args, smem)
                 cp.cuda.Device().synchronize()
             o = out.get().reshape(ctas, 16).astype(np.float64)
-            line = f"{n:>4} {wgs:>3} {MODES[mode] + (' x' + str(ring) if mode in (1, 4) else ''):>13} {ctas:>4} | "
+            label = MODES[mode] + (f" x{ring}" if mode in (1, 4) else f" v{width // 4}" if mode in (2, 3, 5, 6) else "")
+            line = f"{n:>4} {wgs:>3} {label:>13} {ctas:>4} | "
             if wgs:
                 cyc = (o[:, 4:4 + wgs].max(axis=1) - o[:, :wgs].min(axis=1)).mean() / iters
                 peak = wgs * 64 * n * 64 * 2 / 4096  # FLOP a k-step / 4096 FLOP a clock an SM
