@@ -7,7 +7,7 @@ A variant is a comma list of knob=value: even=wd+wgu+dgrad (sol080.EVEN_ROUNDS),
 claims=auto|none|wd+wgu+dgrad (sol080.CLAIMS: the same bits), wgrad=auto|side|side-early|early
 (sol080.WGRAD_AT), pdl=0|1 (_launch.PDL), stack=0|1 (router.STACKED),
 cluster=0|1 (gemm.SPLIT_CLUSTER: every in-GEMM cluster sum), scluster=0|1 (sol080.SPLIT_CLUSTER:
-d_act's and the dgrad's), rcluster=0|1 (router.SUM_IN_GEMM: the router wgrad's), wide=0|1 (sol080.WIDE_D_ACT), dyn=grouped|all|none
+d_act's and the dgrad's), rcluster=0|1 (router.SUM_IN_GEMM: the router wgrad's), wide=0|1 (sol080.WIDE_D_ACT), wmid=0|1 (sol080.WIDE_MID_T), dyn=grouped|all|none
 (gemm.DYNAMIC_TILES: the same bits), fwgrad=auto|0|1 (sol080.FUSED_WGRAD), wdpp=auto|0|1
 (sol080.WD_PINGPONG), wgupp=auto|0|1 (sol080.WGU_PINGPONG), wdt=auto|0|1
 (sol080.WD_TRANSPOSED), sto=auto|cap|wgu-main|"" (sol080.SMALL_T_ORDER; sto= for none), wdf=auto|0|1 (sol080.WD_FIRST),
@@ -61,6 +61,7 @@ def main():
         "stack": Knob(router, "STACKED", flag),
         "cluster": Knob(gemm, "SPLIT_CLUSTER", flag),
         "wide": Knob(sol080, "WIDE_D_ACT", flag),
+        "wmid": Knob(sol080, "WIDE_MID_T", flag),
         "scluster": Knob(sol080, "SPLIT_CLUSTER", flag),
         "rcluster": Knob(router, "SUM_IN_GEMM", flag),
         "dyn": Knob(gemm, "DYNAMIC_TILES", text),

@@ -45,10 +45,12 @@ def plan_of(monkeypatch):
     (6144, 1, False),   # 528 tiles: 4 full rounds
     (8192, 1, True)])   # 704 tiles, 6 rounds on 118 CTAs
 def test_d_act_pieces_and_router_place(plan_of, T, splits, beside, monkeypatch):
-    """(From T = 5120 grad_Wd takes the router beside it instead: WD_FIRST, tested below.)"""
+    """(From T = 5120 grad_Wd takes the router beside it instead: WD_FIRST, tested below; at
+    1537 .. 2560 tokens d_act runs wide and plain instead: WIDE_MID_T, tested above.)"""
     from cupy_moe.gpu import sol080
 
     monkeypatch.setattr(sol080, "WD_FIRST", "0")
+    monkeypatch.setattr(sol080, "WIDE_MID_T", False)
     p = plan_of(T)
     assert (p.act_splits, p.act_fused, p.router_beside) == (splits, splits == 1, beside)
 
@@ -97,11 +99,33 @@ def test_the_wide_d_act_knob_frees_room_for_the_router(plan_of, monkeypatch):
     from cupy_moe.gpu import sol080
 
     monkeypatch.setattr(sol080, "WIDE_D_ACT", True)
+    monkeypatch.setattr(sol080, "WIDE_MID_T", False)
     for T in (3072, 6144):
         p = plan_of(T)
         assert (p.act_wide, p.act_fused, p.router_beside) == (True, False, True)
     for T in (192, 2053, 8192):
         assert not plan_of(T).act_wide
+
+
+@pytest.mark.parametrize("T,wide", [(1321, False), (1537, True), (1571, True), (1879, True), (2053, True),
+                                    (2560, True), (2561, False), (3072, False), (3089, False), (8192, False)])
+def test_mid_t_d_act_in_one_round_of_wide_tiles(plan_of, T, wide):
+    """sol080.WIDE_MID_T: where the fused 128 x 128 d_act takes two rounds of the 132 SMs (133 ..
+    264 tiles: 13 .. 24 row tiles) and the plain 128 x 256 one fits one round beside the router
+    (at most 124 tiles: 20 row tiles), d_act runs wide and plain, the router beside it, and the
+    SwiGLU backward on half the SMs beside grad_Wd; elsewhere the fused d_act stays."""
+    p = plan_of(T)
+    assert (p.act_wide, p.act_fused) == (wide, not wide and p.swiglu_sms == 0)
+    if wide:
+        assert p.router_beside and p.swiglu_sms == 66 and not p.wd_first
+
+
+def test_mid_t_wide_d_act_can_be_turned_off(plan_of, monkeypatch):
+    from cupy_moe.gpu import sol080
+
+    monkeypatch.setattr(sol080, "WIDE_MID_T", False)
+    p = plan_of(1879)
+    assert (p.act_wide, p.act_fused, p.swiglu_sms) == (False, True, 0)
 
 
 def test_every_router_wgrad_knob_reaches_the_plan(plan_of, monkeypatch):
@@ -220,9 +244,12 @@ def test_grad_wd_first_from_5120_tokens_and_where_the_router_would_go_first(plan
     """CUPY_MOE_SOL080_WD_FIRST: "auto" runs grad_Wd first with the router beside it from
     T = 5120 (of the workloads 6144 and 8192) and where d_act would leave the router no room
     (T = 3072), with the router wgrad inside grad_[Wg; Wu] there (FUSED_WGRAD "auto"); "1"
-    wherever d_act is unsplit (the router then never runs beside d_act), "0" nowhere; never
-    where d_act is split or on one stream."""
+    wherever d_act is unsplit and fused (the router then never runs beside d_act), "0" nowhere;
+    never where d_act is split or on one stream, nor beside the mid-T wide d_act (WIDE_MID_T, off
+    here: tested above)."""
     from cupy_moe.gpu import sol080
+
+    monkeypatch.setattr(sol080, "WIDE_MID_T", False)
 
     Ts = (192, 997, 2053, 3072, 3089, 4093, 6144, 8192)
     plans = [plan_of(T) for T in Ts]
@@ -242,10 +269,11 @@ def test_grad_wd_first_from_5120_tokens_and_where_the_router_would_go_first(plan
 
 
 @pytest.mark.parametrize("T,sms", [(3089, 0), (3584, 20), (3719, 20), (4093, 20), (5119, 20),
-                                   (6144, 0), (8192, 0), (2053, 0), (192, 0)])
+                                   (6144, 0), (8192, 0), (2053, 66), (1321, 0), (192, 0)])
 def test_swiglu_beside_grad_wd_where_auto_puts_it(plan_of, T, sms):
     """CUPY_MOE_SOL080_SWIGLU_SMS=auto: d_act plain and the SwiGLU contract on 20 SMs beside
-    grad_Wd from 3584 tokens until grad_Wd goes first (5120); elsewhere d_act stays fused."""
+    grad_Wd from 3584 tokens until grad_Wd goes first (5120), and on half the SMs beside the
+    mid-T wide d_act (WIDE_MID_T: 2053); elsewhere d_act stays fused."""
     p = plan_of(T)
     assert (p.swiglu_sms, p.act_fused) == (sms, p.act_splits == 1 and not sms)
     assert not (sms and p.wd_first)

@@ -89,6 +89,15 @@ CLAIMS = os.environ.get("CUPY_MOE_SOL080_CLAIMS", "auto")
 # first: T = 3072, 6144), run d_act as a plain 128 x 256 GEMM (more efficient per FLOP, and its
 # even-rounds grid leaves SMs free) with the router beside it, then the elementwise SwiGLU backward.
 WIDE_D_ACT = os.environ.get("CUPY_MOE_SOL080_WIDE_D_ACT", "0") != "0"
+# Where the fused 128-wide d_act takes two rounds of the SMs and a plain 128 x 256 one fits in one
+# round beside the router (T = 1537 .. 2560 on 132 SMs), d_act runs plain in 128 x 256 tiles and
+# the SwiGLU backward as the bulk kernel on half the SMs beside grad_Wd (SWIGLU_SMS' kernel; grad_Wd
+# on the other half): one round of wide tiles instead of two of fused narrow ones, and the SwiGLU
+# no longer waits for grad_Wd's CTAs to leave SMs (with the elementwise kernel after d_act instead,
+# 2053 lost 5 us). T = 1571 / 1879 / 2053: -5.6 / -6.8 / -3.4 us, the same bits; 997-1321 and
+# 3089-4093, where the rounds do not drop from two to one, lost 2-13 with wide tiles (bench/NOTES.md
+# v0.40). "1" / "0" (A/B).
+WIDE_MID_T = os.environ.get("CUPY_MOE_SOL080_WIDE_MID_T", "1") != "0"
 # Where the router weight gradient runs as the first rows of the grad_[Wg; Wu] GEMM instead of as
 # its own GEMM (router.weight_gradient): "auto" (module doc), "1" everywhere, "0" nowhere.
 FUSED_WGRAD = os.environ.get("CUPY_MOE_SOL080_FUSED_WGRAD", "auto")
@@ -205,7 +214,7 @@ class _Plan:
     wgrad_stacked: bool = True            # router.STACKED (A/B)
     split_cluster: bool = False           # gemm.SPLIT_CLUSTER and SPLIT_CLUSTER: split pieces summed in the GEMM
     wgrad_cluster: bool = True            # router.summed_in_the_gemm: its knobs, E and T
-    act_wide: bool = False                # WIDE_D_ACT applied: plain 128 x 256 d_act (A/B)
+    act_wide: bool = False                # plain 128 x 256 d_act (WIDE_MID_T, WIDE_D_ACT)
     wgrad_fused: bool = True              # the router wgrad in the grad_[Wg; Wu] GEMM (FUSED_WGRAD)
     wd_pingpong: bool = False             # grad_Wd on ping-pong consumers (WD_PINGPONG)
     wgu_pingpong: bool = False            # grad_[Wg; Wu] on ping-pong consumers (WGU_PINGPONG)
@@ -247,8 +256,10 @@ class _Plan:
         wide_tiles = cdiv(T, _D_ACT_TILE) * cdiv(I, 2 * _D_ACT_TILE)
         act_wide = (WIDE_D_ACT and CONCURRENT and d_act_on_sm90 and act_splits == 1 and
                     not router_beside and sms - even_round_ctas(wide_tiles, sms) >= _ROUTER_SMS)
-        if act_wide:
-            act_fused, router_beside = False, True
+        wide_mid = (WIDE_MID_T and CONCURRENT and act_fused and cdiv(d_act_tiles, sms) == 2 and
+                    wide_tiles <= sms - _ROUTER_SMS)
+        if act_wide or wide_mid:
+            act_wide, act_fused, router_beside = True, False, True
         if CONCURRENT and act_splits > 1:
             # Split d_act fills the SMs in one round: with fewer pieces it leaves the router
             # kernel room beside it (each piece a longer reduction: +20-50% of ~17 us, against
@@ -259,10 +270,10 @@ class _Plan:
         wd_first = CONCURRENT and d_act_on_sm90 and act_splits == 1 and not act_wide and _knob(
             WD_FIRST, T >= _WD_FIRST_MIN_T or not router_beside)
         swiglu_sms = 0
-        if CONCURRENT and act_fused and I % 8 == 0 and E % 8 == 0:  # (the bulk kernel's rows)
+        if CONCURRENT and (act_fused or act_wide) and I % 8 == 0 and E % 8 == 0:  # (the bulk kernel's rows)
             if SWIGLU_SMS == "auto":
-                swiglu_sms = (_SWIGLU_BESIDE_SMS if _SWIGLU_BESIDE_MIN_T <= T < _WD_FIRST_MIN_T and
-                              not wd_first else 0)
+                swiglu_sms = (sms // 2 if wide_mid else _SWIGLU_BESIDE_SMS if act_fused and
+                              _SWIGLU_BESIDE_MIN_T <= T < _WD_FIRST_MIN_T and not wd_first else 0)
             else:
                 swiglu_sms = int(SWIGLU_SMS)
         if swiglu_sms:
