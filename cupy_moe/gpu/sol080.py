@@ -43,7 +43,10 @@ Elsewhere grad_Wd, which needs neither d_act nor the router, takes the SMs d_act
 leaves, as grad_[Wg; Wu] beside the dgrad (at small T grad_[Wg; Wu] follows the dgrad on the main
 stream instead, the dgrad unsplit and grad_Wd on the SMs it leaves: SMALL_T_ORDER).
 From T = 3584 up to where grad_Wd goes first, d_act runs plain and the SwiGLU backward as its own
-kernel on a few SMs beside grad_Wd (SWIGLU_SMS), before the dgrad and grad_[Wg; Wu] read it.
+kernel on a few SMs beside grad_Wd (SWIGLU_SMS), before the dgrad and grad_[Wg; Wu] read it. Where
+the fused d_act would take two rounds of the SMs and a plain 128 x 256 one fits in one round beside
+the router (1537 .. 2560 tokens on 132 SMs), d_act runs so, and the SwiGLU kernel on half the SMs
+beside grad_Wd (WIDE_MID_T).
 The router wgrad ends whichever branch would end first (bench/NOTES.md v0.6). Holding two GEMMs
 to disjoint SM budgets, chosen by a tile-time model, measured no better (v0.5).
 CUPY_MOE_SOL080_STREAMS=0 keeps everything on one stream (the router kernel first).
