@@ -46,7 +46,7 @@ def plan_of(monkeypatch):
     (8192, 1, True)])   # 704 tiles, 6 rounds on 118 CTAs
 def test_d_act_pieces_and_router_place(plan_of, T, splits, beside, monkeypatch):
     """(From T = 5120 grad_Wd takes the router beside it instead: WD_FIRST, tested below; at
-    1537 .. 2560 tokens d_act runs wide and plain instead: WIDE_MID_T, tested above.)"""
+    1537 .. 2560 tokens d_act runs wide and plain instead: WIDE_MID_T, tested below.)"""
     from cupy_moe.gpu import sol080
 
     monkeypatch.setattr(sol080, "WD_FIRST", "0")

@@ -97,9 +97,10 @@ WIDE_D_ACT = os.environ.get("CUPY_MOE_SOL080_WIDE_D_ACT", "0") != "0"
 # the SwiGLU backward as the bulk kernel on half the SMs beside grad_Wd (SWIGLU_SMS' kernel; grad_Wd
 # on the other half): one round of wide tiles instead of two of fused narrow ones, and the SwiGLU
 # no longer waits for grad_Wd's CTAs to leave SMs (with the elementwise kernel after d_act instead,
-# 2053 lost 5 us). T = 1571 / 1879 / 2053: -5.6 / -6.8 / -3.4 us, the same bits; 997-1321 and
-# 3089-4093, where the rounds do not drop from two to one, lost 2-13 with wide tiles (bench/NOTES.md
-# v0.40). "1" / "0" (A/B).
+# 2053 lost 5 us). T = 1571 / 1879 / 2053: -5.0..-5.6 / -6.6..-6.8 / -2.2..-3.4 us in two A/Bs of
+# three T, -4.3 / -4.3 / -0.5 in one of all 16 (mean -0.5), the same bits; 997-1321 and 3089-4093,
+# where the rounds do not drop from two to one, lost 2-13 with wide tiles (bench/NOTES.md v0.40).
+# "1" / "0" (A/B).
 WIDE_MID_T = os.environ.get("CUPY_MOE_SOL080_WIDE_MID_T", "1") != "0"
 # Where the router weight gradient runs as the first rows of the grad_[Wg; Wu] GEMM instead of as
 # its own GEMM (router.weight_gradient): "auto" (module doc), "1" everywhere, "0" nowhere.
