@@ -120,6 +120,14 @@ def test_mid_t_d_act_in_one_round_of_wide_tiles(plan_of, T, wide):
         assert p.router_beside and p.swiglu_sms == 66 and not p.wd_first
 
 
+def test_mid_t_d_act_stays_fused_where_the_bulk_swiglu_cannot_run(plan_of):
+    """WIDE_MID_T pays only with the bulk SwiGLU kernel beside grad_Wd; its rows need E % 8 == 0
+    (and I % 8 == 0), so with 100 experts d_act stays fused at 1879 tokens."""
+    p = plan_of(1879, e=100)
+    assert (p.act_wide, p.act_fused, p.swiglu_sms) == (False, True, 0)
+    assert plan_of(1879, e=128).act_wide
+
+
 def test_mid_t_wide_d_act_can_be_turned_off(plan_of, monkeypatch):
     from cupy_moe.gpu import sol080
 

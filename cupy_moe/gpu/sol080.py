@@ -46,7 +46,7 @@ From T = 3584 up to where grad_Wd goes first, d_act runs plain and the SwiGLU ba
 kernel on a few SMs beside grad_Wd (SWIGLU_SMS), before the dgrad and grad_[Wg; Wu] read it. Where
 the fused d_act would take two rounds of the SMs and a plain 128 x 256 one fits in one round beside
 the router (1537 .. 2560 tokens on 132 SMs), d_act runs so, and the SwiGLU kernel on half the SMs
-beside grad_Wd (WIDE_MID_T).
+beside grad_Wd (WIDE_MID_T; only where that kernel's rows apply: I and E multiples of 8).
 The router wgrad ends whichever branch would end first (bench/NOTES.md v0.6). Holding two GEMMs
 to disjoint SM budgets, chosen by a tile-time model, measured no better (v0.5).
 CUPY_MOE_SOL080_STREAMS=0 keeps everything on one stream (the router kernel first).
@@ -260,8 +260,11 @@ class _Plan:
         wide_tiles = cdiv(T, _D_ACT_TILE) * cdiv(I, 2 * _D_ACT_TILE)
         act_wide = (WIDE_D_ACT and CONCURRENT and d_act_on_sm90 and act_splits == 1 and
                     not router_beside and sms - even_round_ctas(wide_tiles, sms) >= _ROUTER_SMS)
-        wide_mid = (WIDE_MID_T and CONCURRENT and act_fused and cdiv(d_act_tiles, sms) == 2 and
-                    wide_tiles <= sms - _ROUTER_SMS)
+        bulk_swiglu = I % 8 == 0 and E % 8 == 0  # the bulk SwiGLU kernel's rows (_swiglu_bulk)
+        # (Without the bulk kernel beside grad_Wd, the wide d_act's elementwise SwiGLU after it
+        # lost: 2053 +4..+5 us, bench/NOTES.md v0.40.)
+        wide_mid = (WIDE_MID_T and CONCURRENT and act_fused and bulk_swiglu and
+                    cdiv(d_act_tiles, sms) == 2 and wide_tiles <= sms - _ROUTER_SMS)
         if act_wide or wide_mid:
             act_wide, act_fused, router_beside = True, False, True
         if CONCURRENT and act_splits > 1:
@@ -274,7 +277,7 @@ class _Plan:
         wd_first = CONCURRENT and d_act_on_sm90 and act_splits == 1 and not act_wide and _knob(
             WD_FIRST, T >= _WD_FIRST_MIN_T or not router_beside)
         swiglu_sms = 0
-        if CONCURRENT and (act_fused or act_wide) and I % 8 == 0 and E % 8 == 0:  # (the bulk kernel's rows)
+        if CONCURRENT and (act_fused or act_wide) and bulk_swiglu:
             if SWIGLU_SMS == "auto":
                 swiglu_sms = (sms // 2 if wide_mid else _SWIGLU_BESIDE_SMS if act_fused and
                               _SWIGLU_BESIDE_MIN_T <= T < _WD_FIRST_MIN_T and not wd_first else 0)
