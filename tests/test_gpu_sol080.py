@@ -313,8 +313,8 @@ def test_router_kernel_writes_the_contracts_router_terms_bitwise(T, H, E, K):
                                                 ("FUSED_WGRAD", "1", 192, 0.11),
                                                 ("FUSED_WGRAD", "1", 2053, 0.23),
                                                 ("FUSED_WGRAD", "0", 8192, 0.39),
-                                                ("WD_TRANSPOSED", "auto", 8192, 0.39),
-                                                ("WD_TRANSPOSED", "1", 1879, 0.20),
+                                                ("WD_TRANSPOSED", "1", 8192, 0.39),
+                                                ("WD_TRANSPOSED", "0", 1879, 0.20),
                                                 ("SMALL_T_ORDER", "cap", 384, 0.18),
                                                 ("SMALL_T_ORDER", "", 192, 0.11),
                                                 ("DGRAD_SPLITS", "k", 211, 0.13),
@@ -331,7 +331,8 @@ def test_ab_d_act_paths_pass_like_the_fused_one(knob, value, T, atol, monkeypatc
     kernel beside it, then the elementwise SwiGLU backward. CUPY_MOE_SOL080_FUSED_WGRAD: the
     router weight gradient inside the grad_[Wg; Wu] GEMM where "auto" keeps it separate (T <=
     3200), and separate where "auto" fuses it (T = 8192). CUPY_MOE_SOL080_WD_TRANSPOSED: grad_Wd
-    as (act^T g)^T, stored transposed. CUPY_MOE_SOL080_SMALL_T_ORDER: grad_Wd's grid capped
+    as (act^T g)^T, stored transposed, where "auto" leaves it plain (T = 8192), and plain where
+    "auto" transposes it (T = 1879). CUPY_MOE_SOL080_SMALL_T_ORDER: grad_Wd's grid capped
     beside the dgrad alone, or the side-stream order with the dgrad split in two (its pieces
     summed by a kernel). CUPY_MOE_SOL080_DGRAD_SPLITS=k: the split dgrad in the default order.
     CUPY_MOE_SOL080_WD_FIRST: the router beside d_act at T = 8192; grad_Wd first with the router

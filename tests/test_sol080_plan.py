@@ -189,14 +189,20 @@ def test_grad_wgu_takes_ping_pong_consumers_up_to_512_tokens(plan_of, monkeypatc
     assert not plan_of(192).wgu_pingpong
 
 
-def test_grad_wd_transposed_from_7168_tokens(plan_of, monkeypatch):
+def test_grad_wd_transposed_beside_the_mid_t_wide_d_act(plan_of, monkeypatch):
+    """CUPY_MOE_SOL080_WD_TRANSPOSED: "auto" (the default) takes grad_Wd as (act^T g)^T in 128 x
+    256 tiles where WIDE_MID_T's plan runs (1537 .. 2560 tokens), "1" everywhere, "0" nowhere."""
     from cupy_moe.gpu import sol080
 
-    assert not plan_of(8192).wd_transposed  # off by default
-    monkeypatch.setattr(sol080, "WD_TRANSPOSED", "auto")
-    assert [plan_of(T).wd_transposed for T in (192, 4097, 6144, 7168, 8192)] == [False] * 3 + [True] * 2
+    Ts = (192, 997, 1537, 1879, 2560, 2561, 3719, 6144, 8192)
+    assert [plan_of(T).wd_transposed for T in Ts] == [False] * 2 + [True] * 3 + [False] * 4
+    monkeypatch.setattr(sol080, "WIDE_MID_T", False)
+    assert not plan_of(1879).wd_transposed
     monkeypatch.setattr(sol080, "WD_TRANSPOSED", "1")
-    assert plan_of(192).wd_transposed
+    assert all(plan_of(T).wd_transposed for T in Ts)
+    monkeypatch.setattr(sol080, "WD_TRANSPOSED", "0")
+    monkeypatch.setattr(sol080, "WIDE_MID_T", True)
+    assert not any(plan_of(T).wd_transposed for T in Ts)
 
 
 def test_dgrad_takes_wide_tiles_where_they_fill_nine_tenths_of_the_sms(plan_of, monkeypatch):

@@ -46,7 +46,8 @@ From T = 3584 up to where grad_Wd goes first, d_act runs plain and the SwiGLU ba
 kernel on a few SMs beside grad_Wd (SWIGLU_SMS), before the dgrad and grad_[Wg; Wu] read it. Where
 the fused d_act would take two rounds of the SMs and a plain 128 x 256 one fits in one round beside
 the router (1537 .. 2560 tokens on 132 SMs), d_act runs so, and the SwiGLU kernel on half the SMs
-beside grad_Wd (WIDE_MID_T; only where that kernel's rows apply: I and E multiples of 8).
+beside grad_Wd (WIDE_MID_T; only where that kernel's rows apply: I and E multiples of 8), and
+grad_Wd as (act^T g)^T in 128 x 256 tiles (WD_TRANSPOSED).
 The router wgrad ends whichever branch would end first (bench/NOTES.md v0.6). Holding two GEMMs
 to disjoint SM budgets, chosen by a tile-time model, measured no better (v0.5).
 CUPY_MOE_SOL080_STREAMS=0 keeps everything on one stream (the router kernel first).
@@ -122,12 +123,14 @@ WGU_PINGPONG = os.environ.get("CUPY_MOE_SOL080_WGU_PINGPONG", "auto")
 _WGU_PINGPONG_MAX_T = 512
 # grad_Wd as (act^T g)^T, stored transposed (gemm(out_transposed)): I = 1408 rows in 11 tiles of
 # 128, H = 4096 columns in 16 of 256, where grad_Wd itself takes 128 x 128 tiles (n = 1408 is no
-# multiple of 256). "auto": from _WD_TRANSPOSED_MIN_T tokens (T = 8192: -5.6 / -7.3 us in two
-# runs; T = 6144: +27 / +26, its 176 long tiles in 1.33 rounds fitting the call worse than 352 in
-# 2.67; bench/NOTES.md v0.11); "1" always; "0" (the default until the whole GPU suite has run
-# with "auto") never.
-WD_TRANSPOSED = os.environ.get("CUPY_MOE_SOL080_WD_TRANSPOSED", "0")
-_WD_TRANSPOSED_MIN_T = 7168
+# multiple of 256), which cost ~7% more per FLOP with every SM busy (bench/NOTES.md v0.41).
+# "auto": where WIDE_MID_T's plan runs, grad_Wd capped to half the SMs beside the SwiGLU kernel
+# (1571 / 1879 / 2053: -1.4 / -1.0 / -1.0 us in two A/Bs, v0.41). Elsewhere its 176 long tiles
+# round worse in the call: 997 / 1321 +3..+4, 3072 / 4093 / 6144 +10..+14 (v0.41), 8192 +41..+51
+# once grad_Wd went first (v0.32; -6 before, v0.11). 3719 gained 8 us in both A/Bs (traced: each
+# later launch a few us earlier), not understood well enough for a rule of one T. "1" always, "0"
+# never.
+WD_TRANSPOSED = os.environ.get("CUPY_MOE_SOL080_WD_TRANSPOSED", "auto")
 # Small T (split d_act): the side stream's grad_Wd, ready when the dgrad is, took every SM first
 # at T = 384 and held the dgrad back 11 us (bench/NOTES.md v0.11). "wgu-main": grad_[Wg; Wu] on
 # the main stream after the dgrad instead of on the side after grad_Wd, and grad_Wd on at most the
@@ -311,7 +314,7 @@ class _Plan:
                    act_wide=act_wide, wgrad_fused=wgrad_fused,
                    wd_pingpong=_knob(WD_PINGPONG, T <= _WD_PINGPONG_MAX_T),
                    wgu_pingpong=_knob(WGU_PINGPONG, T <= _WGU_PINGPONG_MAX_T),
-                   wd_transposed=_knob(WD_TRANSPOSED, T >= _WD_TRANSPOSED_MIN_T),
+                   wd_transposed=_knob(WD_TRANSPOSED, wide_mid),
                    small_t_order=small_t_order, wd_first=wd_first, swiglu_sms=swiglu_sms,
                    store_ring=gemm_module.STORE_RING,
                    band_rows=(gemm_module.BAND_ROWS, gemm_module.BAND_NARROW_ROWS), dgrad_wide=dgrad_wide,
