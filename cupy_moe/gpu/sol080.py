@@ -125,11 +125,11 @@ _WGU_PINGPONG_MAX_T = 512
 # 128, H = 4096 columns in 16 of 256, where grad_Wd itself takes 128 x 128 tiles (n = 1408 is no
 # multiple of 256), which cost ~7% more per FLOP with every SM busy (bench/NOTES.md v0.41).
 # "auto": where WIDE_MID_T's plan runs, grad_Wd capped to half the SMs beside the SwiGLU kernel
-# (1571 / 1879 / 2053: -1.4 / -1.0 / -1.0 us in two A/Bs, v0.41). Elsewhere its 176 long tiles
-# round worse in the call: 997 / 1321 +3..+4, 3072 / 4093 / 6144 +10..+14 (v0.41), 8192 +41..+51
-# once grad_Wd went first (v0.32; -6 before, v0.11). 3719 gained 8 us in both A/Bs (traced: each
-# later launch a few us earlier), not understood well enough for a rule of one T. "1" always, "0"
-# never.
+# (1571 / 1879 / 2053: -1.4..-1.5 / -0.9..-2.6 / -0.9..-2.4 us in three A/Bs, v0.41). Elsewhere
+# its 176 long tiles round worse in the call: 997 / 1321 +3..+4, 3072 / 4093 / 6144 +10..+14
+# (v0.41), 8192 +41..+51 once grad_Wd went first (v0.32; -6 before, v0.11). 3719 gained 8 us in
+# two A/Bs (traced: each later launch a few us earlier), not understood well enough for a rule of
+# one T. "1" always, "0" never.
 WD_TRANSPOSED = os.environ.get("CUPY_MOE_SOL080_WD_TRANSPOSED", "auto")
 # Small T (split d_act): the side stream's grad_Wd, ready when the dgrad is, took every SM first
 # at T = 384 and held the dgrad back 11 us (bench/NOTES.md v0.11). "wgu-main": grad_[Wg; Wu] on
