@@ -4,9 +4,14 @@ the flush whatever the CTAs; ncu's cycle counters read 1.53-1.80 GHz inside the 
 (bench/ncu_cta_clocks.sh, bench/NOTES.md v0.41): nvidia-smi does not see the clock's drops within
 a kernel of ~100 us, so a clock that reads full here is not evidence that a kernel ran at it.
 Usage (device, ~10 s): PYTHONPATH=. python bench/clock_scan.py"""
-import subprocess, sys, time, statistics
+import statistics
+import subprocess
+import sys
+import time
+
 sys.path.insert(0, "bench")
 import cupy as cp
+from clocks import summarize
 from cupy_moe import bfloat16
 from cupy_moe.gpu.gemm import Segment, gemm
 
@@ -19,8 +24,8 @@ def case(T, ctas, seconds, with_flush=True):
     f = lambda: gemm(m=T, n=I, segments=[Segment(x, H, wd, I, k=H)], a_kmajor=True, b_kmajor=False,
                      out=out, ldc=I, max_ctas=ctas)
     f(); cp.cuda.Device().synchronize()
-    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw,clocks_throttle_reasons.active",
-                            "--format=csv,noheader,nounits", "-lms", "10"], stdout=subprocess.PIPE, text=True)
+    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active",
+                            "--format=csv,noheader", "-lms", "10"], stdout=subprocess.PIPE, text=True)
     time.sleep(0.3)
     s, e = cp.cuda.Event(), cp.cuda.Event()
     times = []
@@ -31,14 +36,11 @@ def case(T, ctas, seconds, with_flush=True):
         s.record(); f(); e.record(); e.synchronize()
         times.append(cp.cuda.get_elapsed_time(s, e) * 1e3)
     smi.terminate()
-    lines = smi.communicate()[0].strip().splitlines()
-    vals = [l.split(", ") for l in lines[30:]]  # past the idle 0.3 s
-    mhz = [float(v[0]) for v in vals if len(v) == 3]
-    w = [float(v[1]) for v in vals if len(v) == 3]
-    reasons = sorted({v[2] for v in vals if len(v) == 3})
-    print(f"T={T} ctas={ctas} flush={with_flush}: gemm median {statistics.median(times):.1f} us over {len(times)}; "
-          f"SM MHz median {statistics.median(mhz):.0f} (min {min(mhz):.0f}, max {max(mhz):.0f}); "
-          f"W median {statistics.median(w):.0f} max {max(w):.0f}; reasons {reasons}", flush=True)
+    lines = smi.communicate()[0].strip().splitlines()[30:]  # past the idle 0.3 s
+    print(f"T={T} ctas={ctas} flush={with_flush}: gemm median {statistics.median(times):.1f} us over "
+          f"{len(times)}; {summarize(lines)}", flush=True)
+
+
 case(6144, 132, 1.0)
 case(6144, 33, 1.0)
 case(6144, 132, 1.0, with_flush=False)
