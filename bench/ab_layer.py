@@ -4,7 +4,8 @@ against the first's (relative error).
 A variant is a comma list of knob=value: dwdt=0|1 (gpu.layer.DWD_TRANSPOSED), sbs=0|1 (the
 shared expert's weight gradients side by side: gpu.side_by_side.MIN_GAIN_STEPS), ring=N
 (gpu.gemm.STORE_RING), band=N (gpu.gemm.BAND_ROWS), nband=N (gpu.gemm.BAND_NARROW_ROWS), gband=N (gpu.gemm.BAND_GROUPED_ROWS), kgrate=X (gpu.side_by_side.K_GROUPED_FLOP_PER_SM_US: the combine's SMs
-beside dWg through free_sms), f32tma=0|1 (gpu.gemm.F32_TMA), dyn=grouped|all|none (gpu.gemm.DYNAMIC_TILES), cfg.FIELD=N (gpu.gemm.CONFIG_OVERRIDE: that Sm90Config field on every
+beside dWg through free_sms), bsm=X / fsm=X (gpu.side_by_side.BYTES_PER_SM_US / FLOP_PER_SM_US: the
+SMs of the dy scatter beside the shared d_act, and of the combine), f32tma=0|1 (gpu.gemm.F32_TMA), dyn=grouped|all|none (gpu.gemm.DYNAMIC_TILES), cfg.FIELD=N (gpu.gemm.CONFIG_OVERRIDE: that Sm90Config field on every
 Hopper GEMM; the caller keeps it within shared memory); a knob a variant does not name keeps the
 library's value at start-up (bench/knobs.py), so "base" is the library's own setting. Usage (device): PYTHONPATH=. python bench/ab_layer.py [--T 8192] [--reps 10] base dwdt=0"""
 import argparse
@@ -41,6 +42,8 @@ def main():
         "f32tma": Knob(gemm, "F32_TMA", flag),
         "dyn": Knob(gemm, "DYNAMIC_TILES", text),
         "kgrate": Knob(side_by_side, "K_GROUPED_FLOP_PER_SM_US", lambda v, _d: float(v)),
+        "bsm": Knob(side_by_side, "BYTES_PER_SM_US", lambda v, _d: float(v)),
+        "fsm": Knob(side_by_side, "FLOP_PER_SM_US", lambda v, _d: float(v)),
     }).use
 
     cfg = cupy_moe.MoEConfig.glm45_air()
