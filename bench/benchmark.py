@@ -310,7 +310,7 @@ def sol080_table(reps, ceilings=None):
           f"{m[2] / m[0]:7.2f} {100 * m[3] / m[0]:5.1f}%")
     if ceilings:
         # Our mean moves with the machine's sustained rates (cuBLAS 787-804 TFLOP/s across the
-        # H200s seen) while this fraction holds (84.1-84.9% over eight machines, bench/NOTES.md
+        # H200s seen) while this fraction holds (84.1-84.9% over nine machines, bench/NOTES.md
         # v0.42): the same fraction of anchors.md's ceilings is the machine-free comparison.
         print(f"speed of light at this machine's measured ceilings: {m[4]:.1f} us on the mean "
               f"(anchors.md's machine: 213.0); ours at {100 * m[4] / m[0]:.1f}% of it, "
