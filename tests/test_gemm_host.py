@@ -273,10 +273,13 @@ def test_split_k_clusters_take_fewer_pieces_where_too_few_fit(host, monkeypatch)
     assert P.base.num_groups == 5
 
 
-def test_router_wgrad_groups_and_halves_launch_one_cluster_per_output_tile(host):
-    """gemm(sum_groups_and_halves): [hi; lo] (m = 256) in 2 token pieces, one cluster of 2 x 2
-    CTAs per 128 x 128 output tile of the [128, 4096] result, in (piece, half) order."""
+@pytest.mark.parametrize("paired", [True, False])
+def test_router_wgrad_groups_and_halves_launch_one_cluster_per_output_tile(host, monkeypatch, paired):
+    """gemm(sum_groups_and_halves): [hi; lo] (m = 256) in 2 token pieces, one cluster per 128 x
+    128 output tile of the [128, 4096] result: of its 2 pieces, each CTA multiplying both halves'
+    rows (PAIRED_HALVES, 4 stages of 256 + 128 rows), or of 2 x 2 CTAs in (piece, half) order."""
     launches, _ = host
+    monkeypatch.setattr(G, "PAIRED_HALVES", paired)
     a, b, out = _Array(0x1000_0000), _Array(0x2000_0000), _Array(0x9000_0000)
     G.gemm(m=256, n=4096, segments=[G.Segment(a, 256, b, 4096, k=8192)], a_kmajor=False,
            b_kmajor=False, out=out, ldc=4096, epilogue="f32", grouping="k", num_groups=2,
@@ -284,8 +287,10 @@ def test_router_wgrad_groups_and_halves_launch_one_cluster_per_output_tile(host)
     (mod, name, grid, block, params, smem, cluster), = launches
     cfg = mod[1]
     assert cfg.GROUPING == 2 and cfg.SPLIT_CLUSTER and not cfg.SPLIT_K and cfg.BN == 128
-    assert cluster == 4 and grid == (32 * 4,)
-    assert G.GemmSm90Params.from_buffer_copy(params).base.num_groups == 2
+    assert cfg.PAIR_ROWS == paired and cfg.STAGES == (4 if paired else 6)
+    assert (cluster, grid) == ((2, (32 * 2,)) if paired else (4, (32 * 4,)))
+    P = G.GemmSm90Params.from_buffer_copy(params).base
+    assert P.num_groups == 2 and P.m == 256  # (the kernel's result rows: m / 2)
 
 
 def test_each_prepared_launch_claims_tiles_with_its_own_counters(host, monkeypatch):

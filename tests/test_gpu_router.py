@@ -12,18 +12,21 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_memory")]
 # 8: the portable main loop); E = 128 at GLM size with as many splits as fill the GPU; E = 256
 # (two row blocks per half). stacked: the split pieces as one GEMM of [hi; lo] rows (x read once),
 # or (router.STACKED = False, the A/B path) as two reductions of E rows.
-@pytest.mark.parametrize("stacked,cluster", [(True, True), (True, False), (False, False)])
+@pytest.mark.parametrize("stacked,cluster,paired", [(True, True, True), (True, True, False), (True, False, True),
+                                                    (False, False, True)])
 @pytest.mark.parametrize("T,E,H", [(1, 128, 256), (300, 16, 640), (777, 128, 512), (1031, 6, 136),
-                                   (8192, 128, 4096), (2053, 256, 384)])
-def test_weight_gradient(T, E, H, stacked, cluster, monkeypatch):
-    """cluster (gemm.SPLIT_CLUSTER): the stacked pieces summed inside the GEMM, a cluster of the
-    2 x splits tiles of each output tile (E a multiple of 128; at every T here, past the T where
-    the library stops choosing it), or through global memory."""
+                                   (8192, 128, 4096), (2053, 256, 384), (1879, 128, 4096), (515, 128, 200)])
+def test_weight_gradient(T, E, H, stacked, cluster, paired, monkeypatch):
+    """cluster (gemm.SPLIT_CLUSTER): the stacked pieces summed inside the GEMM, a cluster per
+    output tile (E a multiple of 128; at every T here, past the T where the library stops choosing
+    it), of its pieces with both [hi; lo] halves in each CTA (paired: gemm.PAIRED_HALVES) or of
+    its 2 x splits (piece, half) tiles; or through global memory."""
     import cupy as cp
     from cupy_moe.gpu import gemm, router
 
     monkeypatch.setattr(router, "STACKED", stacked)
     monkeypatch.setattr(gemm, "SPLIT_CLUSTER", cluster)
+    monkeypatch.setattr(gemm, "PAIRED_HALVES", paired)
     monkeypatch.setattr(router, "_CLUSTER_SUM_MAX_T", 1 << 30)
     rng = np.random.default_rng(T + E)
     grl = rng.standard_normal((T, E)) * 1e-3

@@ -78,6 +78,8 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const Schedule
           else mbar_arrive(&full[stage]);
           if (half_a) tma_tile<64, true>(ta, &P.tma_a_half[s], &full[stage], tc.m0, kl, 0);
           else if constexpr (!L::CPA_A) tma_tile<BM, Cfg::A_KMAJOR>(ta, &P.tma_a[s], &full[stage], tc.m0, kl, 0);
+          if constexpr (L::PAIR_ROWS)  // the same rows of the second half
+            tma_tile<BM, Cfg::A_KMAJOR>(ta + L::A_BYTES / 2, &P.tma_a[s], &full[stage], tc.m0 + p.m / 2, kl, 0);
           if constexpr (!L::CPA_B)
             tma_tile<BN, Cfg::B_KMAJOR>(tb, &P.tma_b[s], &full[stage], tc.n0, kl, grp);
           if (kt == 0) TRACE_PRODUCER_END(true, t);
@@ -118,7 +120,7 @@ template <class Cfg>
 __device__ __forceinline__ void mask_lines(u8* stage, int first, int count, bool b_too, int tid, int threads,
                                            int bar) {
   using L = Plan<Cfg>;
-  constexpr int ATOMS_A = L::MASK_A ? BM / 64 : 0, ATOMS_B = L::MASK_B ? Cfg::BN / 64 : 0;
+  constexpr int ATOMS_A = L::MASK_A ? L::A_ROWS / 64 : 0, ATOMS_B = L::MASK_B ? Cfg::BN / 64 : 0;
   const int chunks = count * 8 * (ATOMS_A + (b_too ? ATOMS_B : 0));
   for (int i = tid; i < chunks; i += threads) {
     const int atom = i / (count * 8), rest = i % (count * 8);
@@ -136,8 +138,11 @@ __device__ __forceinline__ void mask_lines(u8* stage, int first, int count, bool
 template <class Cfg>
 __device__ __forceinline__ void mask_a_atom(u8* stage, int atom, int count, int tid, int bar) {
   u8* tile = stage + atom * ATOM_BYTES;
-  for (int i = tid; i < count * 8; i += 128)
+  for (int i = tid; i < count * 8; i += 128) {
     *(uint4*)(tile + (i / 8) * 128 + (i % 8) * 16) = make_uint4(0, 0, 0, 0);
+    if constexpr (Plan<Cfg>::PAIR_ROWS)  // the warpgroup's atom of the second half too
+      *(uint4*)(tile + (BM / 64) * ATOM_BYTES + (i / 8) * 128 + (i % 8) * 16) = make_uint4(0, 0, 0, 0);
+  }
   fence_proxy_async();
   named_barrier(bar, 128);
 }
@@ -255,7 +260,8 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
       // (smem_desc_sw128_lo / _hi): the fused SwiGLU dgrad's consumers issued 4 R2UR and two 64-bit adds
       // per HGMMA beside the epilogue warps' math; -2.8% on it (bench/NOTES.md v0.22).
       auto a_desc = [&](int b, int kk) {  // b: the accumulator block, whose 64-row block of A it reads
-        const u32 at = a_tile + row_off(b) / 64 * (Cfg::A_KMAJOR ? 64 * 128 : ATOM_BYTES);
+        const int block = L::PAIR_ROWS ? wg + b * (BM / 64) : row_off(b) / 64;  // (paired: the same rows of half b)
+        const u32 at = a_tile + block * (Cfg::A_KMAJOR ? 64 * 128 : ATOM_BYTES);
         if constexpr (Cfg::DESC_STEP && Cfg::DESC_LO32)
           return smem_desc_sw128_hi(1024) | (smem_desc_sw128_lo(at, LBO_A) + kk * (STEP_A / 16));
         return Cfg::DESC_STEP ? smem_desc_sw128(at, LBO_A, 1024) + kk * (STEP_A / 16)
@@ -299,6 +305,10 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
     TRACE_EPI_BEGIN();
     if (prev >= 0) release(prev);
     if constexpr (Cfg::SPLIT_CLUSTER) {  // summed in the cluster (split_cluster_epilogue)
+      if constexpr (L::PAIR_ROWS) {  // the two halves' products of the same rows: first + second
+        #pragma unroll
+        for (int j = 0; j < BN / 2; ++j) acc[0][j] += acc[1][j];
+      }
       named_barrier(6, 128 * CONSUMER_WARPGROUPS);  // both warpgroups' MMAs are done with the stages
       stage_accumulators<Cfg>(acc[0], smem, wg, tid);
       continue;

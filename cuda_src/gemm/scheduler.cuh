@@ -11,7 +11,9 @@
 // the pieces of a tile form a thread-block cluster (PIECES_INNER, one tile per CTA), the innermost:
 // CTA t is piece t % S of tile t / S, and its rank in the cluster is its piece. K-grouped with
 // PIECES_INNER: the groups and the two halves of the rows whose products add up (the router's
-// stacked [hi; lo], gemm(sum_groups_and_halves)) form the cluster, in (group, half) order.
+// stacked [hi; lo], gemm(sum_groups_and_halves)) form the cluster, in (group, half) order; with
+// PAIR_ROWS the halves share a CTA (m counts both: m / 2 result rows) and the cluster holds the
+// groups alone, in order.
 #pragma once
 #include "../common/types.cuh"
 #include "kinds.cuh"
@@ -34,11 +36,12 @@ struct Tile {
 // hold a few rows x a few columns of tiles (sharing both operands) instead of one row block x
 // sixteen columns (bench/NOTES.md v0.31).
 template <int BM, int BN, int GROUPING, bool SPLIT, bool PIECES_INNER = false, int BK = 64, bool SEG_ROWS = false,
-          bool M_FASTEST = false, int BAND = 1>
+          bool M_FASTEST = false, int BAND = 1, bool PAIR_ROWS = false>
 struct TileScheduler {
   static_assert(!SPLIT || GROUPING == kNone, "split-K pieces of ungrouped GEMMs only");
   static_assert(!M_FASTEST || (GROUPING == kNone && !SPLIT && !SEG_ROWS), "rows fastest: plain GEMMs");
   static_assert(!PIECES_INNER || SPLIT || GROUPING == kKGrouped, "pieces innermost: split-K or K-grouped");
+  static_assert(!PAIR_ROWS || (PIECES_INNER && GROUPING == kKGrouped), "paired rows: K-grouped pieces innermost");
   const GemmParams& p;
   const int* tile_start;  // M-grouped: first m-tile of each group, num_groups + 1 entries (smem)
   int tiles_m, tiles_n, total;
@@ -62,7 +65,7 @@ struct TileScheduler {
 
   __device__ TileScheduler(const GemmParams& params, const int* starts) : p(params), tile_start(starts) {
     tiles_n = (p.n + BN - 1) / BN;
-    tiles_m = GROUPING == kMGrouped ? tile_start[p.num_groups] : (p.m + BM - 1) / BM;
+    tiles_m = GROUPING == kMGrouped ? tile_start[p.num_groups] : ((PAIR_ROWS ? p.m / 2 : p.m) + BM - 1) / BM;
     total = tiles_m * tiles_n * (GROUPING == kKGrouped || SPLIT ? p.num_groups : 1);
   }
 
@@ -94,7 +97,13 @@ struct TileScheduler {
       c.m0 = p.group_offsets[lo] + (mt - tile_start[lo]) * BM;
       c.m_hi = p.group_offsets[lo + 1];
     } else if constexpr (GROUPING == kKGrouped) {
-      if constexpr (PIECES_INNER) {
+      if constexpr (PIECES_INNER && PAIR_ROWS) {
+        // The groups of one output tile innermost: CTA t is group t % G of output tile t / G.
+        const int rest = t / p.num_groups;
+        c.group = t % p.num_groups;
+        c.m0 = rest % tiles_m * BM;
+        c.n0 = rest / tiles_m * BN;
+      } else if constexpr (PIECES_INNER) {
         // The rows' two halves and the groups of one output tile innermost, (group, half) order:
         // CTA t is half t % 2 of group t / 2 % G of row block b of column tile n (tiles_m = 2B).
         const int B = tiles_m / 2, half = t % 2, rest = t / (2 * p.num_groups);

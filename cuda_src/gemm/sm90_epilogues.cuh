@@ -366,7 +366,8 @@ __device__ __forceinline__ void split_cluster_epilogue(const GemmSm90Params& P, 
   if ((int)blockIdx.x < sched.total) {
     const int pieces = (int)cluster_size(), rank = (int)cluster_rank();
     const Tile tc = sched.tile(blockIdx.x);
-    // K-grouped: rows m0 and m0 + m / 2 land on the same output row (the two halves add up).
+    // K-grouped: rows m0 and m0 + m / 2 land on the same output row (the two halves add up;
+    // PAIR_ROWS: already added in each CTA, whose m0 is the output row).
     const int out_m0 = Cfg::GROUPING == kKGrouped ? tc.m0 % (p.m / 2) : tc.m0;
     const int rows = Cfg::GROUPING == kKGrouped ? min(BM, p.m / 2 - out_m0) : min(BM, tc.m_hi - tc.m0);
     const u32 base = smem_addr(smem);

@@ -28,7 +28,13 @@ struct Plan {
   // (64-aligned groups: 1217; bench/k_grouped_align.py, bench/NOTES.md v0.14).
   static constexpr bool SHIFT_LAST = MASK_A;
   static constexpr bool TMA_STORE = Cfg::C_TMA;  // bf16 or fp32 output with 16-byte aligned strides
-  static constexpr int A_BYTES = BM * BK * 2, B_BYTES = Cfg::BN * BK * 2;
+  // PAIR_ROWS (K-grouped [hi; lo] halves summed in the CTA, gemm(sum_groups_and_halves)): a stage
+  // holds A's rows m0 .. m0 + BM - 1 and the same rows of the second half (m0 + m / 2 ...); each
+  // warpgroup multiplies its 64 rows of both into two accumulator blocks and adds them at the
+  // tile's end, so one CTA reads x once for both halves (bench/NOTES.md v0.43).
+  static constexpr bool PAIR_ROWS = Cfg::PAIR_ROWS;
+  static constexpr int A_ROWS = PAIR_ROWS ? 2 * BM : BM;
+  static constexpr int A_BYTES = A_ROWS * BK * 2, B_BYTES = Cfg::BN * BK * 2;
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
   static constexpr u32 TMA_BYTES = (CPA_A ? 0 : A_BYTES) + (CPA_B ? 0 : B_BYTES);
   // A cooperative tile with at most 64 real rows (an expert's or the matrix's last) loads only the
@@ -38,8 +44,8 @@ struct Plan {
   // m-tile; the layer's M-grouped GEMMs -0.15..-0.45% (bench/NOTES.md v0.26).
   static constexpr bool HALF_A = !CPA_A && Cfg::A_KMAJOR && !Cfg::PINGPONG && Cfg::GROUPING != kKGrouped;
   static constexpr bool PINGPONG = Cfg::PINGPONG;
-  static constexpr int HALVES = PINGPONG ? 2 : 1;     // 64-row accumulator blocks per warpgroup
-  static constexpr int WG_ROWS = 64 * HALVES;
+  static constexpr int HALVES = PINGPONG || PAIR_ROWS ? 2 : 1;  // 64-row accumulator blocks per warpgroup
+  static constexpr int WG_ROWS = PINGPONG ? 128 : 64;              // result rows per warpgroup
   // A consumer warpgroup's results leave through shared memory in units of 64 rows of 128 bytes
   // (64 bf16 or 32 fp32 columns; 8 KB, one TMA box each): all its units at once, or
   // (Cfg::STORE_RING) through a ring of that many units, a unit's buffer reused once the TMA store
@@ -127,6 +133,8 @@ struct Plan {
                                         Cfg::STAGES * STAGE_BYTES >= BM * 128 * 4),
                 "cluster split-K: cooperative 128 x 128 tiles, register epilogues");
   static_assert(!Cfg::DYNAMIC || !Cfg::SPLIT_CLUSTER, "a cluster's CTAs take their rank's tile");
+  static_assert(!PAIR_ROWS || (Cfg::SPLIT_CLUSTER && Cfg::GROUPING == kKGrouped && Cfg::EPILOGUE == kStoreF32),
+                "paired rows: the router's [hi; lo] halves, summed in the CTA, pieces in the cluster");
   // ROW_SPLIT: rows [0, c2_rows) of the result leave as fp32 to c2, the rest as bf16 to c (from
   // its row 0); tiles that reach into the fp32 rows store from registers.
   static_assert(!Cfg::ROW_SPLIT || (Cfg::EPILOGUE == kStoreBf16 && Cfg::GROUPING == kNone && !Cfg::SPLIT_K),
@@ -142,7 +150,7 @@ struct Plan {
 
 template <class Cfg>
 using Scheduler = TileScheduler<BM, Cfg::BN, Cfg::GROUPING, Cfg::SPLIT_K, Cfg::SPLIT_CLUSTER, BK, Cfg::SEG_ROWS,
-                                Cfg::M_FASTEST, Cfg::BAND_M>;
+                                Cfg::M_FASTEST, Cfg::BAND_M, Cfg::PAIR_ROWS>;
 template <class Cfg>
 using Feed = TileFeed<Cfg::DYNAMIC, Cfg::STATIC_SHUFFLE>;
 

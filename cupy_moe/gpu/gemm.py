@@ -47,6 +47,12 @@ CONFIG_OVERRIDE: dict = {}
 # summed over DSMEM before the epilogue (Cfg::SPLIT_CLUSTER). 0: the fp32 pieces go through
 # global memory and the caller's kernel instead (A/B; see gpu/sol080.py).
 SPLIT_CLUSTER = os.environ.get("CUPY_MOE_SPLIT_CLUSTER", "1") != "0"
+# sum_groups_and_halves (SOL-080's router wgrad: [hi; lo]^T x in token pieces) with each CTA
+# multiplying both halves' rows against one load of x and adding them in registers
+# (Sm90Config.PAIR_ROWS), the cluster over the pieces alone: half the CTAs' operand bytes per
+# FLOP and no halves to sum over DSMEM. 0: a CTA per (piece, half), all in the cluster (A/B;
+# CUPY_MOE_PAIRED_HALVES=0).
+PAIRED_HALVES = os.environ.get("CUPY_MOE_PAIRED_HALVES", "1") != "0"
 # Ungrouped, unsplit 128 x 256 GEMMs walk their tiles in bands of BAND_ROWS row tiles (each band's
 # columns in turn, its rows fastest: Sm90Config.BAND_M), so that the 16 CTAs of a GPC, which take
 # consecutive tiles, share four A row blocks and four B column blocks instead of one A row block
@@ -223,6 +229,9 @@ class Sm90Config:
     # with the epilogue warps (sm90_epilogues.cuh swiglu_epilogue_warps; the same bits). choose()
     # sets it for ungrouped GEMMs (SOL-080's d_act, whose completion the dgrad waits for); the
     # layer's M-grouped dgrad, 47 tiles a CTA, keeps the leaner consumer (118 registers, not 127)
+    PAIR_ROWS: bool = False  # sum_groups_and_halves with both halves in each CTA (a stage holds
+    # A's rows of both; two accumulator blocks added at the tile's end) and the cluster over the
+    # groups alone (PAIRED_HALVES)
     CLUSTER_ROWS: int = 4  # SPLIT_CLUSTER: rows a warp sums at once over DSMEM (the same bits)
     CLUSTER_RELAXED_EXIT: bool = True  # SPLIT_CLUSTER: the last cluster barrier without release
     # semantics, so it does not wait for the sums' global stores (the same bits; the router
@@ -237,8 +246,12 @@ class Sm90Config:
     def threads(self) -> int:
         return self.THREADS + (128 if self.E_STAGED else 0)  # the epilogue warpgroup
 
+    @property
+    def stage_bytes(self) -> int:
+        return ((2 if self.PAIR_ROWS else 1) * self.BM + self.BN) * self.BK * 2
+
     def smem_bytes(self, num_groups: int) -> int:
-        stage = (self.BM + self.BN) * self.BK * 2
+        stage = self.stage_bytes
         if not self.C_TMA:
             staging = 0
         elif self.STORE_RING:
@@ -274,7 +287,7 @@ class Sm90Config:
         if flags.get("E_STAGED") and not flags.get("GROUPING", 0):
             flags = dict(flags, HELP_LAST=True)
         probe = cls(BN=bn, STAGES=0, PINGPONG=pingpong, STORE_RING=ring, **flags)
-        fit = (cls.SMEM_LIMIT - probe.smem_bytes(num_groups)) // ((cls.BM + bn) * cls.BK * 2 + 16)
+        fit = (cls.SMEM_LIMIT - probe.smem_bytes(num_groups)) // (probe.stage_bytes + 16)
         return cls(BN=bn, STAGES=min(most, fit), PINGPONG=pingpong, STORE_RING=ring, **flags)
 
 
@@ -411,9 +424,11 @@ def prepare(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_km
     (the staged SwiGLU epilogue keeps 128).
     sum_groups_and_halves (grouping='k' in num_groups equal pieces, epilogue 'f32', m a multiple
     of 256): out [m / 2, n] = the sum over the pieces of rows r and r + m / 2 (the router's
-    stacked [hi; lo] rows), added in (piece, half) order inside the kernel by a cluster of
-    2 x num_groups CTAs per output tile (num_groups may drop until every cluster is resident);
-    where the Hopper loop does not apply, one ungrouped GEMM over the two halves.
+    stacked [hi; lo] rows), inside the kernel: with PAIRED_HALVES each CTA multiplies rows r and
+    r + m / 2 of its piece and adds them, and a cluster of the num_groups pieces of each output
+    tile adds those in piece order; else a cluster of 2 x num_groups CTAs adds them in (piece,
+    half) order (num_groups may drop until every cluster is resident); where the Hopper loop does
+    not apply, one ungrouped GEMM over the two halves.
     f32_head = (out2, ld2, rows) (epilogue 'bf16', ungrouped, unsplit; the Hopper loop only, as
     Segment.m): rows [0, rows) of the result go to out2 as fp32 (leading dimension ld2), the rest
     to out as bf16 from its row 0 (two results of one reduction over the same B: SOL-080's router
@@ -441,7 +456,8 @@ def prepare(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_km
 
     opt = lambda a: 0 if a is None else _addr(a)
     sw = swiglu if epilogue == "swiglu_backward" else None
-    key = (cupy.cuda.Device().id, PINGPONG, STAGED_EPILOGUE, DYNAMIC_TILES, STORE_RING, F32_TMA, BAND_ROWS,
+    key = (cupy.cuda.Device().id, PINGPONG, STAGED_EPILOGUE, DYNAMIC_TILES, STORE_RING, F32_TMA, PAIRED_HALVES,
+           BAND_ROWS,
            BAND_NARROW_ROWS, BAND_GROUPED_ROWS,
            tuple(sorted(CONFIG_OVERRIDE.items())),
            m, n, a_kmajor, b_kmajor, opt(out), ldc, epilogue, grouping, opt(group_offsets),
@@ -677,7 +693,8 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
         dynamic = DYNAMIC_TILES == "all" or DYNAMIC_TILES == "grouped" and grouping != "none"
     claims = dynamic and not cluster
     counter = _tile_counter() if claims else 0
-    flags = dict(flags, DYNAMIC=counter != 0, SEG_ROWS=any(s.m for s in segments))
+    paired = halves and PAIRED_HALVES  # both halves in each CTA (Sm90Config.PAIR_ROWS)
+    flags = dict(flags, DYNAMIC=counter != 0, SEG_ROWS=any(s.m for s in segments), PAIR_ROWS=paired)
     cfg = Sm90Config.choose(m_tiles * k_splits, n, sms, num_groups if grouping == "m" else 0,
                             pingpong, wide=wide and not staged and not cluster, C_TMA=c_tma,
                             E_STAGED=staged, SPLIT_K=k_splits > 1, SPLIT_CLUSTER=cluster, **flags)
@@ -712,7 +729,7 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
             encode(P.tma_b[i], _addr(s.b), dims + (groups,), (s.ldb, gstride), box + (1,))
     tiles_n = cdiv(n, cfg.BN)
     if grouping == "k":
-        tiles = num_groups * cdiv(m, cfg.BM) * tiles_n
+        tiles = num_groups * cdiv(m // 2 if paired else m, cfg.BM) * tiles_n
     else:
         tiles = m_tiles * tiles_n * k_splits
     ctas = even_round_ctas(tiles, sms) if even_rounds else min(tiles, sms)
@@ -728,7 +745,7 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
         # every cluster should be resident at once: a cluster's CTAs share a GPC, and fewer
         # pieces per tile fit more clusters (the sum is the same in any number of pieces, in
         # order, up to rounding; the choice depends on the shape alone: deterministic).
-        pieces, per_piece = (num_groups, 2) if halves else (k_splits, 1)
+        pieces, per_piece = (num_groups, 1 if paired else 2) if halves else (k_splits, 1)
         outputs = tiles // (pieces * per_piece)  # output tiles = clusters
         while pieces > (1 if halves else 2) and outputs > (_launch.max_active_clusters(
                 module, "gemm_sm90_kernel", cfg.threads, smem, pieces * per_piece) or outputs):
@@ -901,6 +918,10 @@ def example_sm90_configs():
                                  C_TMA=True, DYNAMIC=True))
     out.append(Sm90Config.choose(11, 4096, 132, 0, False, A_KMAJOR=False, B_KMAJOR=False, GROUPING=2,
                                  C_TMA=True, DYNAMIC=True))
+    # The router weight gradient with both [hi; lo] halves in each CTA (PAIRED_HALVES), the
+    # cluster over its token pieces.
+    out.append(Sm90Config.choose(1, 4096, 132, 0, False, A_KMAJOR=False, B_KMAJOR=False, GROUPING=2,
+                                 EPILOGUE=1, SPLIT_CLUSTER=True, PAIR_ROWS=True))
     return [dataclasses.replace(cfg, BAND_M=band_rows(cfg)) for cfg in out]  # as _prepare_sm90 sets it
 
 

@@ -86,8 +86,8 @@ _CLUSTER_SUM_MAX_T = 3200
 
 
 def summed_in_the_gemm(T: int, E: int) -> bool:
-    """Whether split pieces are summed inside the GEMM (a cluster of the 2 x splits (piece, half)
-    tiles of each output tile, gemm(sum_groups_and_halves)) rather than through global memory."""
+    """Whether split pieces are summed inside the GEMM (a cluster per output tile,
+    gemm(sum_groups_and_halves)) rather than through global memory."""
     return (STACKED and SUM_IN_GEMM and _gemm.SPLIT_CLUSTER and E % 128 == 0
             and T <= _CLUSTER_SUM_MAX_T)
 
@@ -103,8 +103,10 @@ def weight_gradient(grl, x, out, partial=None, cancel=None) -> None:
     backward_logits), in one of three forms by shape:
     - one piece (weight_gradient_splits == 1): one GEMM over the two reductions hi^T x and lo^T x.
     - E a multiple of 128 and T <= _CLUSTER_SUM_MAX_T (summed_in_the_gemm): one K-grouped GEMM of
-      the stacked rows [hi^T; lo^T] x in token pieces; the 2 x splits (piece, half) tiles of each
-      output tile form a cluster that adds them in that order over distributed shared memory.
+      the stacked rows [hi^T; lo^T] x in token pieces; each CTA multiplies both halves' rows of its
+      piece against one load of x and adds them (gemm.PAIRED_HALVES; else a CTA per (piece, half)),
+      and the pieces of each output tile form a cluster that adds them in order over distributed
+      shared memory.
     - else: the stacked K-grouped GEMM into fp32 pieces [splits, 2E, H] in global memory (given
       as partial, or allocated here), added by a kernel in (piece, half) order.
     Each form adds in a fixed order (deterministic); stacked, each piece reads its tokens of x

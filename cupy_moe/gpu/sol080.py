@@ -221,6 +221,7 @@ class _Plan:
     wgrad_stacked: bool = True            # router.STACKED (A/B)
     split_cluster: bool = False           # gemm.SPLIT_CLUSTER and SPLIT_CLUSTER: split pieces summed in the GEMM
     wgrad_cluster: bool = True            # router.summed_in_the_gemm: its knobs, E and T
+    paired_halves: bool = True            # gemm.PAIRED_HALVES (A/B: a graph per setting)
     act_wide: bool = False                # plain 128 x 256 d_act (WIDE_MID_T, WIDE_D_ACT)
     wgrad_fused: bool = True              # the router wgrad in the grad_[Wg; Wu] GEMM (FUSED_WGRAD)
     wd_pingpong: bool = False             # grad_Wd on ping-pong consumers (WD_PINGPONG)
@@ -310,7 +311,7 @@ class _Plan:
         return cls(act_splits=act_splits, act_fused=act_fused, dgrad_splits=dgrad_splits,
                    router_beside=router_beside, even_rounds=EVEN_ROUNDS, claims=claims, wgrad_at=WGRAD_AT,
                    wgrad_stacked=router.STACKED, split_cluster=gemm_module.SPLIT_CLUSTER and SPLIT_CLUSTER,
-                   wgrad_cluster=router.summed_in_the_gemm(T, E),
+                   wgrad_cluster=router.summed_in_the_gemm(T, E), paired_halves=gemm_module.PAIRED_HALVES,
                    act_wide=act_wide, wgrad_fused=wgrad_fused,
                    wd_pingpong=_knob(WD_PINGPONG, T <= _WD_PINGPONG_MAX_T),
                    wgu_pingpong=_knob(WGU_PINGPONG, T <= _WGU_PINGPONG_MAX_T),
