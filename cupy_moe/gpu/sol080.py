@@ -172,6 +172,12 @@ _WD_FIRST_MIN_T = 5120
 SWIGLU_SMS = os.environ.get("CUPY_MOE_SOL080_SWIGLU_SMS", "auto")
 _SWIGLU_BESIDE_SMS = 20
 _SWIGLU_BESIDE_MIN_T = 3584
+# The elementwise kernels' grids (the SwiGLU of d_act's pieces or of stored d_act, the dgrad's
+# piece sum) sized by the 8-element chunks their 16-byte paths walk, not by elements: the element
+# count launched 8x the blocks with work (1056 against 132 at T = 192), and where the side
+# stream's grad_Wd had taken half the SMs first (T = 211) the empty ones' dispatch stretched the
+# SwiGLU sum from 3.6 to 6.1 us on the dgrad's path (bench/NOTES.md v0.44). "0": by elements (A/B).
+CHUNK_GRIDS = os.environ.get("CUPY_MOE_SOL080_CHUNK_GRIDS", "1") != "0"
 _SIDE_EVENTS = ("fork", "d_act_done", "router_done", "join")  # the side stream's (streams.Side)
 
 
@@ -234,6 +240,7 @@ class _Plan:
     band_rows: tuple = ()                 # gemm.BAND_ROWS, BAND_NARROW_ROWS (A/B: a graph per setting)
     dgrad_wide: bool = False              # the unsplit dgrad in 128 x 256 tiles (DGRAD_WIDE)
     router_min_blocks: int = 6            # ROUTER_MIN_BLOCKS (A/B: a graph per setting; _router_kernel)
+    chunk_grids: bool = True              # CHUNK_GRIDS (A/B: a graph per setting)
 
     @classmethod
     def of(cls, g, x, wr, wg, wu, wd, gate):
@@ -319,7 +326,7 @@ class _Plan:
                    small_t_order=small_t_order, wd_first=wd_first, swiglu_sms=swiglu_sms,
                    store_ring=gemm_module.STORE_RING,
                    band_rows=(gemm_module.BAND_ROWS, gemm_module.BAND_NARROW_ROWS), dgrad_wide=dgrad_wide,
-                   router_min_blocks=ROUTER_MIN_BLOCKS)
+                   router_min_blocks=ROUTER_MIN_BLOCKS, chunk_grids=CHUNK_GRIDS)
 
 
 _plans: dict = {}  # _Plan.of's key -> _Plan
@@ -565,14 +572,25 @@ def _finish_d_act(inputs: _Inputs, ws: _Workspace, plan: _Plan, cancel) -> None:
     mod = _build.load_module("sol080.cu")
     if plan.act_splits > 1 and plan.split_cluster:
         return  # summed and turned into [d_gate | d_up] by the GEMM
+    # (the kernels' 16-byte paths: a chunk of 8 elements a thread)
+    chunks = I % 8 == 0 and acts.ld % 8 == 0 and all(
+        _addr(a) % 16 == 0 for a in (gate, up, acts.at(ws.acts, acts.dg)))
     if plan.act_splits > 1:
-        _launch.launch(mod, "sol080_swiglu_backward_pieces", (grid_stride_blocks(n),), (256,),
+        _launch.launch(mod, "sol080_swiglu_backward_pieces",
+                       (_elementwise_blocks(n, plan, chunks and _addr(ws.act_pieces) % 16 == 0),), (256,),
                        [ptr(ws.act_pieces), i32(plan.act_splits), ptr(gate), ptr(up)] + d_gate_up)
     elif plan.act_fused or plan.swiglu_sms and _swiglu_bulk(inputs, ws, plan.swiglu_sms, cancel):
         return  # fused, or beside grad_Wd (one block on each of its SMs)
     else:  # (also where gate / up are views the bulk copies cannot take)
-        _launch.launch(mod, "sol080_swiglu_backward", (grid_stride_blocks(n),), (256,),
+        _launch.launch(mod, "sol080_swiglu_backward",
+                       (_elementwise_blocks(n, plan, chunks and _addr(ws.d_act) % 16 == 0),), (256,),
                        [ptr(ws.d_act), ptr(gate), ptr(up)] + d_gate_up)
+
+
+def _elementwise_blocks(n: int, plan: _Plan, chunks: bool) -> int:
+    """Blocks for an elementwise kernel over n elements whose threads take 8-element chunks where
+    `chunks` (its 16-byte path: sol080.cu FOR_EACH_CHUNK8), else single elements (CHUNK_GRIDS)."""
+    return grid_stride_blocks(cdiv(n, 8) if chunks and plan.chunk_grids else n)
 
 
 # The bulk SwiGLU kernel's shared stages (2 .. kSwigluMaxStages in sol080.cu; A/B through
@@ -685,7 +703,8 @@ def _dgrad_gemm(inputs: _Inputs, grad_h, ws: _Workspace, plan: _Plan) -> dict:
 def _finish_dgrad(grad_h, ws: _Workspace, plan: _Plan, cancel) -> None:
     if plan.dgrad_splits > 1 and not plan.split_cluster:
         n = grad_h.size
-        _launch.launch(_build.load_module("sol080.cu"), "sum_pieces_bf16", (grid_stride_blocks(n),),
+        chunks = n % 8 == 0 and _addr(ws.dgrad_pieces) % 16 == 0 and _addr(grad_h) % 16 == 0
+        _launch.launch(_build.load_module("sol080.cu"), "sum_pieces_bf16", (_elementwise_blocks(n, plan, chunks),),
                        (256,), [ptr(ws.dgrad_pieces), i32(plan.dgrad_splits), i64(n), ptr(grad_h),
                                 ptr(cancel)])
 
