@@ -158,7 +158,7 @@ def test_router_wgrad_rides_in_the_weight_gradient_gemm(plan_of, monkeypatch):
     2828 bytes into a row of 5644, not on 16-byte boundaries)."""
     from cupy_moe.gpu import sol080
 
-    assert [plan_of(T).wgrad_fused for T in (1, 192, 2053, 3089, 3719, 8192)] == [False] * 4 + [True] * 2
+    assert [plan_of(T).wgrad_fused for T in (1, 192, 2053, 3089, 3719, 8192)] == [False] * 3 + [True] * 3
     monkeypatch.setattr(sol080, "FUSED_WGRAD", "1")
     assert all(plan_of(T).wgrad_fused for T in (1, 192, 2053, 8192))
     assert not plan_of(2053, e=6).wgrad_fused
@@ -268,8 +268,8 @@ def test_grad_wd_first_from_5120_tokens_and_where_the_router_would_go_first(plan
     Ts = (192, 997, 2053, 3072, 3089, 4093, 6144, 8192)
     plans = [plan_of(T) for T in Ts]
     assert [p.wd_first for p in plans] == [False] * 3 + [True, False, False, True, True]
-    assert [p.router_beside for p in plans] == [True] * 3 + [False, True, True, False, False]
-    assert [p.wgrad_fused for p in plans] == [False] * 3 + [True, False, True, True, True]
+    assert [p.router_beside for p in plans] == [True] * 3 + [False, False, True, False, False]
+    assert [p.wgrad_fused for p in plans] == [False] * 3 + [True] * 5
     monkeypatch.setattr(sol080, "WD_FIRST", "1")
     plans = [plan_of(T) for T in Ts]
     assert [p.wd_first for p in plans] == [False] + [True] * 7
@@ -280,6 +280,25 @@ def test_grad_wd_first_from_5120_tokens_and_where_the_router_would_go_first(plan
     monkeypatch.setattr(sol080, "WD_FIRST", "auto")
     monkeypatch.setattr(sol080, "CONCURRENT", False)
     assert not plan_of(8192).wd_first
+
+
+@pytest.mark.parametrize("T,first", [(2944, False), (3072, False), (3073, True), (3089, True), (3200, True),
+                                     (3328, True), (3329, False), (3719, False)])
+def test_router_first_where_d_act_just_passes_two_rounds(plan_of, T, first, monkeypatch):
+    """sol080.ROUTER_FIRST: where the fused d_act's tiles fill two rounds of the 132 SMs and at
+    most 22 more (25-26 row tiles of 11), the router kernel goes first alone (neither beside d_act
+    nor beside grad_Wd), d_act takes every SM and the router wgrad rides in grad_[Wg; Wu]; "0"
+    keeps the router beside d_act's even rounds there."""
+    from cupy_moe.gpu import sol080
+
+    p = plan_of(T)
+    if first:
+        assert (p.router_beside, p.wd_first, p.wgrad_fused, p.act_fused) == (False, False, True, True)
+    else:
+        assert p.router_beside or p.wd_first or p.swiglu_sms
+    monkeypatch.setattr(sol080, "ROUTER_FIRST", "0")
+    p = plan_of(T)
+    assert p.router_beside or p.wd_first or p.swiglu_sms
 
 
 @pytest.mark.parametrize("T,sms", [(3089, 0), (3584, 20), (3719, 20), (4093, 20), (5119, 20),

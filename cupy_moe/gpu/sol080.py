@@ -36,9 +36,12 @@ beside d_act where d_act leaves it at least 8 SMs (_Plan.router_beside: d_act on
 that keep its rounds, or split in fewer pieces); every GEMM CTA takes a whole SM's registers, so
 a router queued beside a d_act that fills the SMs would wait for it and hold back the dgrad:
 there (T = 3072), and from T = 5120 (WD_FIRST), grad_Wd runs first instead, with the router beside
-it, and d_act after it (the router goes first, alone, only where neither order applies: d_act off
-the Hopper loop or split over every SM, or one stream). d_act reads no routing, so it does not
-wait for the verdict when the router runs beside it or beside grad_Wd; grad_Wd likewise.
+it, and d_act after it (the router goes first, alone, where neither order applies: d_act off
+the Hopper loop or split over every SM, or one stream; and where the fused d_act's tiles just pass
+two rounds of every SM, T = 3073 .. 3328 on 132 SMs, so that d_act takes every SM and most of its
+CTAs leave after two tiles, with the router wgrad inside grad_[Wg; Wu]: ROUTER_FIRST). d_act
+reads no routing, so it does not wait for the verdict when the router runs beside it or beside
+grad_Wd; grad_Wd likewise.
 Elsewhere grad_Wd, which needs neither d_act nor the router, takes the SMs d_act's last round
 leaves, as grad_[Wg; Wu] beside the dgrad (at small T grad_[Wg; Wu] follows the dgrad on the main
 stream instead, the dgrad unsplit and grad_Wd on the SMs it leaves: SMALL_T_ORDER).
@@ -170,6 +173,14 @@ _WD_FIRST_MIN_T = 5120
 # up to where grad_Wd goes first (WD_FIRST); N: N SMs wherever d_act is unsplit and fused
 # (grad_Wd then never first); "0": never.
 SWIGLU_SMS = os.environ.get("CUPY_MOE_SOL080_SWIGLU_SMS", "auto")
+# Where the fused d_act's tiles fill two rounds of every SM and at most a sixth of a third (T =
+# 3073 .. 3328 at H = 4096, I = 1408: 275 / 286 tiles on 132 SMs), the router kernel first, alone,
+# then d_act on every SM (most CTAs leave after two tiles) with the router wgrad inside grad_[Wg;
+# Wu], instead of d_act in three even rounds of 92-96 CTAs beside the router and the router wgrad's
+# own 64 CTAs ending the call: 3089 -3.5 / -4.3, 3200 -3.0 / -3.8, 3328 -3.9 us in two A/Bs
+# (without the fused wgrad +3.5 at 3089; grad_Wd first instead, 3072's plan, a wash; bench/NOTES.md
+# v0.44). "auto" | "0" (A/B).
+ROUTER_FIRST = os.environ.get("CUPY_MOE_SOL080_ROUTER_FIRST", "auto")
 _SWIGLU_BESIDE_SMS = 20
 _SWIGLU_BESIDE_MIN_T = 3584
 # The elementwise kernels' grids (the SwiGLU of d_act's pieces or of stored d_act, the dgrad's
@@ -285,8 +296,12 @@ class _Plan:
             fewer = (sms - _ROUTER_SMS) // d_act_tiles
             if fewer >= 2:
                 act_splits, router_beside = min(act_splits, fewer), True
+        router_first = (ROUTER_FIRST != "0" and router_beside and act_fused and not act_wide
+                        and cdiv(d_act_tiles, sms) == 3 and d_act_tiles % sms <= sms // 6)
+        if router_first:
+            router_beside = False
         wd_first = CONCURRENT and d_act_on_sm90 and act_splits == 1 and not act_wide and _knob(
-            WD_FIRST, T >= _WD_FIRST_MIN_T or not router_beside)
+            WD_FIRST, (T >= _WD_FIRST_MIN_T or not router_beside) and not router_first)
         swiglu_sms = 0
         if CONCURRENT and (act_fused or act_wide) and bulk_swiglu:
             if SWIGLU_SMS == "auto":
@@ -307,7 +322,7 @@ class _Plan:
         acts = _Acts(I, E)
         # (grad_Wd first pays only with the router wgrad inside grad_[Wg; Wu]: its own GEMM would
         # end the call alone; T = 3072 -20 us with both, +8 with grad_Wd first alone.)
-        wanted = _knob(FUSED_WGRAD, not router.summed_in_the_gemm(T, E) or wd_first)
+        wanted = _knob(FUSED_WGRAD, not router.summed_in_the_gemm(T, E) or wd_first or router_first)
         wgrad_fused = wanted and sm90_applies(E + 2 * I, H, acts.wgrad_segments(0, x, H, T), False, False)
         hi_ld = acts.ld if wgrad_fused else 2 * E  # (hi in the workspace rows or router.py's [hi | lo])
         dgrad_on_sm90 = sm90_applies(T, H, acts.dgrad_segments(0, 0, hi_ld, wu, wg, wr, H), True, False)
