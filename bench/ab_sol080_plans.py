@@ -81,13 +81,14 @@ def main():
         "paired": Knob(gemm, "PAIRED_HALVES", flag),
         "chunks": Knob(sol080, "CHUNK_GRIDS", flag),
         "rfirst": Knob(sol080, "ROUTER_FIRST", text),
+        "wfull": Knob(sol080, "WIDE_FULL_ROUND", flag),
     }).use
 
     def arith():  # the knobs that change the order of an fp32 sum or the SwiGLU kernel
         return (router.STACKED, sol080.WIDE_D_ACT, gemm.SPLIT_CLUSTER, sol080.SPLIT_CLUSTER,
                 router.SUM_IN_GEMM, sol080.FUSED_WGRAD, sol080.WD_PINGPONG, sol080.WGU_PINGPONG, sol080.WD_TRANSPOSED,
                 sol080.WD_FIRST, sol080.DGRAD_SPLITS, sol080.SMALL_T_ORDER, sol080.SWIGLU_SMS, sol080._ROUTER_SMS,
-                gemm.PAIRED_HALVES, sol080.ROUTER_FIRST)  # (grad_Wd or the router first: the router wgrad fused)
+                gemm.PAIRED_HALVES, sol080.ROUTER_FIRST, sol080.WIDE_FULL_ROUND)  # (grad_Wd or the router first: the router wgrad fused)
 
     table = {v: [] for v in args.variants}
     print(f"{'T':>6} " + " ".join(f"{v:>16}" for v in args.variants))

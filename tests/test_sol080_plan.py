@@ -107,17 +107,27 @@ def test_the_wide_d_act_knob_frees_room_for_the_router(plan_of, monkeypatch):
         assert not plan_of(T).act_wide
 
 
-@pytest.mark.parametrize("T,wide", [(1321, False), (1537, True), (1571, True), (1879, True), (2053, True),
-                                    (2560, True), (2561, False), (3072, False), (3089, False), (8192, False)])
+@pytest.mark.parametrize("T,wide", [(1321, False), (1408, False), (1409, True), (1536, True), (1537, True),
+                                    (1571, True), (1879, True), (2053, True), (2560, True), (2561, False),
+                                    (3072, False), (3089, False), (8192, False)])
 def test_mid_t_d_act_in_one_round_of_wide_tiles(plan_of, T, wide):
     """sol080.WIDE_MID_T: where the fused 128 x 128 d_act takes two rounds of the 132 SMs (133 ..
-    264 tiles: 13 .. 24 row tiles) and the plain 128 x 256 one fits one round beside the router
-    (at most 124 tiles: 20 row tiles), d_act runs wide and plain, the router beside it, and the
-    SwiGLU backward on half the SMs beside grad_Wd; elsewhere the fused d_act stays."""
+    264 tiles: 13 .. 24 row tiles), or one that leaves the router no room beside it (125 .. 132
+    tiles: 12 row tiles, WIDE_FULL_ROUND), and the plain 128 x 256 one fits one round beside the
+    router (at most 124 tiles: 20 row tiles), d_act runs wide and plain, the router beside it, and
+    the SwiGLU backward on half the SMs beside grad_Wd; elsewhere the fused d_act stays."""
     p = plan_of(T)
     assert (p.act_wide, p.act_fused) == (wide, not wide and p.swiglu_sms == 0)
     if wide:
         assert p.router_beside and p.swiglu_sms == 66 and not p.wd_first
+
+
+def test_wide_full_round_can_be_turned_off(plan_of, monkeypatch):
+    from cupy_moe.gpu import sol080
+
+    monkeypatch.setattr(sol080, "WIDE_FULL_ROUND", False)
+    assert [plan_of(T).act_wide for T in (1409, 1536, 1537)] == [False, False, True]
+    assert plan_of(1536).wd_first  # (the fused d_act fills every SM: grad_Wd first, as before)
 
 
 def test_mid_t_d_act_stays_fused_where_the_bulk_swiglu_cannot_run(plan_of):

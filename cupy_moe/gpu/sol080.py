@@ -96,8 +96,9 @@ CLAIMS = os.environ.get("CUPY_MOE_SOL080_CLAIMS", "auto")
 # first: T = 3072, 6144), run d_act as a plain 128 x 256 GEMM (more efficient per FLOP, and its
 # even-rounds grid leaves SMs free) with the router beside it, then the elementwise SwiGLU backward.
 WIDE_D_ACT = os.environ.get("CUPY_MOE_SOL080_WIDE_D_ACT", "0") != "0"
-# Where the fused 128-wide d_act takes two rounds of the SMs and a plain 128 x 256 one fits in one
-# round beside the router (T = 1537 .. 2560 on 132 SMs), d_act runs plain in 128 x 256 tiles and
+# Where the fused 128-wide d_act takes two rounds of the SMs (or one with no room for the router:
+# WIDE_FULL_ROUND) and a plain 128 x 256 one fits in one round beside the router (T = 1409 .. 2560
+# on 132 SMs), d_act runs plain in 128 x 256 tiles and
 # the SwiGLU backward as the bulk kernel on half the SMs beside grad_Wd (SWIGLU_SMS' kernel; grad_Wd
 # on the other half): one round of wide tiles instead of two of fused narrow ones, and the SwiGLU
 # no longer waits for grad_Wd's CTAs to leave SMs (with the elementwise kernel after d_act instead,
@@ -106,6 +107,11 @@ WIDE_D_ACT = os.environ.get("CUPY_MOE_SOL080_WIDE_D_ACT", "0") != "0"
 # where the rounds do not drop from two to one, lost 2-13 with wide tiles (bench/NOTES.md v0.40).
 # "1" / "0" (A/B).
 WIDE_MID_T = os.environ.get("CUPY_MOE_SOL080_WIDE_MID_T", "1") != "0"
+# The same where the fused d_act takes one round of the SMs but leaves the router no room beside
+# it (T = 1409 .. 1536 on 132 SMs: 132 tiles), where grad_Wd went first with the router beside it:
+# 1420 / 1480 / 1536 -17.2 / -10.7 / -9.2 us (162.1 / 170.5 / 170.4 against 179.3 / 181.2 / 179.6;
+# no workload lies there; bench/NOTES.md v0.44). "1" / "0" (A/B).
+WIDE_FULL_ROUND = os.environ.get("CUPY_MOE_SOL080_WIDE_FULL_ROUND", "1") != "0"
 # Where the router weight gradient runs as the first rows of the grad_[Wg; Wu] GEMM instead of as
 # its own GEMM (router.weight_gradient): "auto" (module doc), "1" everywhere, "0" nowhere.
 FUSED_WGRAD = os.environ.get("CUPY_MOE_SOL080_FUSED_WGRAD", "auto")
@@ -285,8 +291,9 @@ class _Plan:
         bulk_swiglu = I % 8 == 0 and E % 8 == 0  # the bulk SwiGLU kernel's rows (_swiglu_bulk)
         # (Without the bulk kernel beside grad_Wd, the wide d_act's elementwise SwiGLU after it
         # lost: 2053 +4..+5 us, bench/NOTES.md v0.40.)
+        full_round = WIDE_FULL_ROUND and sms - _ROUTER_SMS < d_act_tiles <= sms
         wide_mid = (WIDE_MID_T and CONCURRENT and act_fused and bulk_swiglu and
-                    cdiv(d_act_tiles, sms) == 2 and wide_tiles <= sms - _ROUTER_SMS)
+                    (cdiv(d_act_tiles, sms) == 2 or full_round) and wide_tiles <= sms - _ROUTER_SMS)
         if act_wide or wide_mid:
             act_wide, act_fused, router_beside = True, False, True
         if CONCURRENT and act_splits > 1:
