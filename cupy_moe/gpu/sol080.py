@@ -594,18 +594,19 @@ def _finish_d_act(inputs: _Inputs, ws: _Workspace, plan: _Plan, cancel) -> None:
     mod = _build.load_module("sol080.cu")
     if plan.act_splits > 1 and plan.split_cluster:
         return  # summed and turned into [d_gate | d_up] by the GEMM
-    # (the kernels' 16-byte paths: a chunk of 8 elements a thread)
-    chunks = I % 8 == 0 and acts.ld % 8 == 0 and all(
-        _addr(a) % 16 == 0 for a in (gate, up, acts.at(ws.acts, acts.dg)))
+
+    def blocks(d_act):  # (the kernels' 16-byte paths, as they test for them: 8 elements a thread)
+        chunks = I % 8 == 0 and acts.ld % 8 == 0 and all(
+            _addr(a) % 16 == 0 for a in (d_act, gate, up, acts.at(ws.acts, acts.dg)))
+        return (_elementwise_blocks(n, plan, chunks),)
+
     if plan.act_splits > 1:
-        _launch.launch(mod, "sol080_swiglu_backward_pieces",
-                       (_elementwise_blocks(n, plan, chunks and _addr(ws.act_pieces) % 16 == 0),), (256,),
+        _launch.launch(mod, "sol080_swiglu_backward_pieces", blocks(ws.act_pieces), (256,),
                        [ptr(ws.act_pieces), i32(plan.act_splits), ptr(gate), ptr(up)] + d_gate_up)
     elif plan.act_fused or plan.swiglu_sms and _swiglu_bulk(inputs, ws, plan.swiglu_sms, cancel):
         return  # fused, or beside grad_Wd (one block on each of its SMs)
     else:  # (also where gate / up are views the bulk copies cannot take)
-        _launch.launch(mod, "sol080_swiglu_backward",
-                       (_elementwise_blocks(n, plan, chunks and _addr(ws.d_act) % 16 == 0),), (256,),
+        _launch.launch(mod, "sol080_swiglu_backward", blocks(ws.d_act), (256,),
                        [ptr(ws.d_act), ptr(gate), ptr(up)] + d_gate_up)
 
 
