@@ -38,6 +38,8 @@ def plan_of(monkeypatch):
 @pytest.mark.parametrize("T,splits,beside", [
     (1, 8, True), (192, 5, True), (211, 5, True), (293, 3, True), (384, 3, True), (512, 2, True),
     # fused d_act: 128 x 128 tiles, beside where the even-rounds grid frees >= 8 of 132 SMs
+    (513, 1, True),     # 55 tiles: more than a third of the SMs, unsplit (ACT_SPLIT_THIRD)
+    (768, 1, True),     # 66 tiles: 66 free
     (997, 1, True),     # 88 tiles: 44 SMs free
     (1321, 1, True),    # 121 tiles: 11 free
     (2053, 1, True),    # 187 tiles, 2 rounds on 94 CTAs
@@ -53,6 +55,19 @@ def test_d_act_pieces_and_router_place(plan_of, T, splits, beside, monkeypatch):
     monkeypatch.setattr(sol080, "WIDE_MID_T", False)
     p = plan_of(T)
     assert (p.act_splits, p.act_fused, p.router_beside) == (splits, splits == 1, beside)
+
+
+def test_d_act_splits_only_while_its_tiles_fill_a_third_of_the_sms(plan_of, monkeypatch):
+    """sol080.ACT_SPLIT_THIRD: 44 tiles (T = 512) split, 55 (513) and 66 (768) not; "0" keeps
+    gemm.k_splits_for's half: 2 pieces up to 768 tokens, the router then first where they fill
+    every SM."""
+    from cupy_moe.gpu import sol080
+
+    assert [plan_of(T).act_splits for T in (512, 513, 768, 769)] == [2, 1, 1, 1]
+    monkeypatch.setattr(sol080, "ACT_SPLIT_THIRD", False)
+    plans = [plan_of(T) for T in (512, 513, 768, 769)]
+    assert [p.act_splits for p in plans] == [2, 2, 2, 1]
+    assert [p.router_beside for p in plans] == [True, True, False, True]
 
 
 def test_one_stream_puts_the_router_first(plan_of, monkeypatch):

@@ -5,8 +5,9 @@ The SwiGLU backward (steps 3-4) runs in the epilogue of d_act = g Wd, with the c
 points, writing [d_gate | d_up] rows directly (d_act is never stored); where the Hopper loop does
 not apply (odd strides), d_act is stored and an elementwise kernel follows. At small T, where
 d_act's few output tiles would leave most SMs idle through a K = H reduction, it runs split-K
-into fp32 pieces and the SwiGLU kernel sums them first (gemm.k_splits_for; the dgrad likewise
-where grad_[Wg; Wu] does not follow it on the main stream: DGRAD_SPLITS).
+into fp32 pieces and the SwiGLU kernel sums them first (gemm.k_splits_for, while its tiles fill at
+most a third of the SMs: ACT_SPLIT_THIRD; the dgrad likewise where grad_[Wg; Wu] does not follow
+it on the main stream: DGRAD_SPLITS).
 
 The contract's three dgrad products (d_up Wu, d_gate Wg, bf16(grl) Wr) run as one GEMM over the
 concatenated reduction, accumulated in fp32 and rounded once (within the pass rule; the contract
@@ -195,6 +196,13 @@ _SWIGLU_BESIDE_MIN_T = 3584
 # stream's grad_Wd had taken half the SMs first (T = 211) the empty ones' dispatch stretched the
 # SwiGLU sum from 3.6 to 6.1 us on the dgrad's path (bench/NOTES.md v0.44). "0": by elements (A/B).
 CHUNK_GRIDS = os.environ.get("CUPY_MOE_SOL080_CHUNK_GRIDS", "1") != "0"
+# d_act split-K only while its unsplit 128 x 128 tiles fill at most a third of the SMs (<= 44 of
+# 132: T <= 512 at I = 1408); gemm.k_splits_for alone splits up to half. With 5-6 row tiles (55-66
+# tiles: T = 513 .. 768) the unsplit fused d_act beside the router beat 2 pieces and their sum
+# (with the router first, alone, where the pieces filled every SM): 513 -4.4, 576 -4.8, 640 -9.6,
+# 641 -10.3, 700 -12.6, 768 -12.5 us; with 4 row tiles the pieces still win (450 +1.7, 512
+# +2.5 unsplit), with 3 by far (293 +14, 384 +16; bench/NOTES.md v0.44). "0": k_splits_for's (A/B).
+ACT_SPLIT_THIRD = os.environ.get("CUPY_MOE_SOL080_ACT_SPLIT_THIRD", "1") != "0"
 _SIDE_EVENTS = ("fork", "d_act_done", "router_done", "join")  # the side stream's (streams.Side)
 
 
@@ -280,9 +288,11 @@ class _Plan:
         d_act_on_sm90 = sm90_applies(T, I, [Segment(g, H, wd, I, k=H)], True, False)
         # The workspace (256-byte aligned) stands in as address 0: byte offsets for addresses.
         act_splits = k_splits_for(T, I, H) if d_act_on_sm90 else 1
-        act_fused = d_act_on_sm90 and act_splits == 1 and FUSED_D_ACT
-        sms = device_sms()
         d_act_tiles = cdiv(T, _D_ACT_TILE) * cdiv(I, _D_ACT_TILE)
+        sms = device_sms()
+        if ACT_SPLIT_THIRD and 3 * d_act_tiles > sms:
+            act_splits = 1
+        act_fused = d_act_on_sm90 and act_splits == 1 and FUSED_D_ACT
         router_beside = CONCURRENT and d_act_on_sm90 and act_splits == 1 and (
             sms - even_round_ctas(d_act_tiles, sms) >= _ROUTER_SMS)
         wide_tiles = cdiv(T, _D_ACT_TILE) * cdiv(I, 2 * _D_ACT_TILE)
