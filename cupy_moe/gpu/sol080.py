@@ -48,10 +48,11 @@ leaves, as grad_[Wg; Wu] beside the dgrad (at small T grad_[Wg; Wu] follows the 
 stream instead, the dgrad unsplit and grad_Wd on the SMs it leaves: SMALL_T_ORDER).
 From T = 3584 up to where grad_Wd goes first, d_act runs plain and the SwiGLU backward as its own
 kernel on a few SMs beside grad_Wd (SWIGLU_SMS), before the dgrad and grad_[Wg; Wu] read it. Where
-the fused d_act would take two rounds of the SMs and a plain 128 x 256 one fits in one round beside
-the router (1537 .. 2560 tokens on 132 SMs), d_act runs so, and the SwiGLU kernel on half the SMs
-beside grad_Wd (WIDE_MID_T; only where that kernel's rows apply: I and E multiples of 8), and
-grad_Wd as (act^T g)^T in 128 x 256 tiles (WD_TRANSPOSED).
+the fused d_act would take two rounds of the SMs (or one that leaves the router no room: 1409 ..
+1536 tokens on 132 SMs) and a plain 128 x 256 one fits in one round beside the router (up to 2560
+tokens), d_act runs so, and the SwiGLU kernel on half the SMs beside grad_Wd (WIDE_MID_T; only
+where that kernel's rows apply: I and E multiples of 8), and grad_Wd as (act^T g)^T in 128 x 256
+tiles (WD_TRANSPOSED).
 The router wgrad ends whichever branch would end first (bench/NOTES.md v0.6). Holding two GEMMs
 to disjoint SM budgets, chosen by a tile-time model, measured no better (v0.5).
 CUPY_MOE_SOL080_STREAMS=0 keeps everything on one stream (the router kernel first).
@@ -180,11 +181,11 @@ _WD_FIRST_MIN_T = 5120
 # up to where grad_Wd goes first (WD_FIRST); N: N SMs wherever d_act is unsplit and fused
 # (grad_Wd then never first); "0": never.
 SWIGLU_SMS = os.environ.get("CUPY_MOE_SOL080_SWIGLU_SMS", "auto")
-# Where the fused d_act's tiles fill two rounds of every SM and at most a sixth of a third (T =
-# 3073 .. 3328 at H = 4096, I = 1408: 275 / 286 tiles on 132 SMs), the router kernel first, alone,
-# then d_act on every SM (most CTAs leave after two tiles) with the router wgrad inside grad_[Wg;
-# Wu], instead of d_act in three even rounds of 92-96 CTAs beside the router and the router wgrad's
-# own 64 CTAs ending the call: 3089 -3.5 / -4.3, 3200 -3.0 / -3.8, 3328 -3.9 us in two A/Bs
+# Where the fused d_act's tiles fill two rounds of every SM and at most a sixth of a third round
+# (T = 3073 .. 3328 at H = 4096, I = 1408: 275 / 286 tiles on 132 SMs), the router kernel first,
+# alone, then d_act on every SM (most CTAs leave after two tiles) with the router wgrad inside
+# grad_[Wg; Wu], instead of d_act in three even rounds of 92-96 CTAs beside the router and the
+# router wgrad's own 64 CTAs ending the call: 3089 -3.5 / -4.3, 3200 -3.0 / -3.8, 3328 -3.9 us in two A/Bs
 # (without the fused wgrad +3.5 at 3089; grad_Wd first instead, 3072's plan, a wash; bench/NOTES.md
 # v0.44). "auto" | "0" (A/B).
 ROUTER_FIRST = os.environ.get("CUPY_MOE_SOL080_ROUTER_FIRST", "auto")
@@ -313,7 +314,7 @@ class _Plan:
             fewer = (sms - _ROUTER_SMS) // d_act_tiles
             if fewer >= 2:
                 act_splits, router_beside = min(act_splits, fewer), True
-        router_first = (ROUTER_FIRST != "0" and router_beside and act_fused and not act_wide
+        router_first = (ROUTER_FIRST != "0" and router_beside and act_fused  # (not the wide d_act)
                         and cdiv(d_act_tiles, sms) == 3 and d_act_tiles % sms <= sms // 6)
         if router_first:
             router_beside = False
@@ -737,9 +738,9 @@ def _finish_dgrad(grad_h, ws: _Workspace, plan: _Plan, cancel) -> None:
     if plan.dgrad_splits > 1 and not plan.split_cluster:
         n = grad_h.size
         chunks = n % 8 == 0 and _addr(ws.dgrad_pieces) % 16 == 0 and _addr(grad_h) % 16 == 0
-        _launch.launch(_build.load_module("sol080.cu"), "sum_pieces_bf16", (_elementwise_blocks(n, plan, chunks),),
-                       (256,), [ptr(ws.dgrad_pieces), i32(plan.dgrad_splits), i64(n), ptr(grad_h),
-                                ptr(cancel)])
+        _launch.launch(_build.load_module("sol080.cu"), "sum_pieces_bf16",
+                       (_elementwise_blocks(n, plan, chunks),), (256,),
+                       [ptr(ws.dgrad_pieces), i32(plan.dgrad_splits), i64(n), ptr(grad_h), ptr(cancel)])
 
 
 settings.watch(__name__)  # (_Plan.of keeps its plans until a setting changes)
