@@ -624,6 +624,46 @@ def test_f32_tma_stores_give_the_same_bits(case, monkeypatch):
     assert relative_error(results[1], ref) < 1e-4
 
 
+@pytest.mark.parametrize("m", [1, 63, 64, 65, 127, 200, 449])
+@pytest.mark.parametrize("form", ["plain", "split-k", "short-segment"])
+def test_last_row_tile_loads_only_its_rows(m, form, monkeypatch):
+    """An ungrouped K-major A's last row tile comes in by a box of exactly its m % 128 rows
+    (gemm.TAIL_BOXES), its stage's other rows keeping older data: the result's rows are those of
+    the full box with zeros past m, bit for bit, every element written, against NumPy too; plain,
+    split-K into fp32 pieces, and beside a segment of fewer rows (Segment.m, whose rows past its
+    own must still count as zeros, so it keeps the full box)."""
+    import cupy as cp
+    from cupy_moe.gpu import gemm as G
+    from cupy_moe.gpu.gemm import Segment
+
+    rng = np.random.default_rng(m)
+    n, k0, k1 = 264, 200, 72
+    A0, B0, B1 = _bf16(rng, m, k0), _bf16(rng, k0, n), _bf16(rng, k1, n)
+    short = max(1, m // 2) if form == "short-segment" else 0
+    A1 = _bf16(rng, short or m, k1)
+    ref = _f(A0) @ _f(B0)
+    ref[:A1.shape[0]] += _f(A1) @ _f(B1)
+    segments = [Segment(cp.asarray(A0), k0, cp.asarray(B0), n, k=k0),
+                Segment(cp.asarray(A1), k1, cp.asarray(B1), n, k=k1, m=short)]
+    splits = 3 if form == "split-k" else 1
+    kw = dict(m=m, n=n, segments=segments, a_kmajor=True, b_kmajor=False, ldc=n, engine="sm90")
+    results = []
+    for tail_boxes in (False, True):
+        monkeypatch.setattr(G, "TAIL_BOXES", tail_boxes)
+        if splits > 1:
+            out = cp.full((splits, m, n), np.nan, cp.float32)
+            G.gemm(out=out, epilogue="f32", k_splits=splits, c_group_stride=m * n, **kw)
+            results.append(out.get())
+        else:
+            out = cp.full((m, n), np.nan, bfloat16)
+            G.gemm(out=out, **kw)
+            results.append(out.get().astype(np.float32))
+    assert not np.isnan(results[1]).any()
+    np.testing.assert_array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
+    got = results[1].sum(axis=0) if splits > 1 else results[1]
+    assert relative_error(got, ref) < (1e-5 if splits > 1 else 1e-2)
+
+
 @pytest.mark.parametrize("head,rows,n,k", [(128, 2816 + 128, 4096, 333), (40, 304, 264, 200), (8, 16, 72, 1)])
 def test_f32_head_and_a_segment_of_the_first_rows(head, rows, n, k):
     """gemm(f32_head) with a Segment(m=head): [A0 (all rows); A1 (the first head rows)] reduced

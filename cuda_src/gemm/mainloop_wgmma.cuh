@@ -57,6 +57,10 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const Schedule
     const Tile tc = sched.tile(t);
     const int grp = Cfg::GROUPING == kMGrouped ? tc.group : 0;
     const bool half_a = L::HALF_A && tc.m_hi - tc.m0 <= 64;  // (as the consumers' idle test)
+    // Ungrouped: the last row tile of a segment with all m rows loads exactly its rows (a box that
+    // reaches past the map's last row slows every CTA's loads; gpu/gemm.py TAIL_BOXES). The
+    // stage's other rows keep older data, which reaches only result rows past m.
+    const bool tail_tile = L::HALF_A && Cfg::GROUPING == kNone && p.a_tail_rows > 0 && tc.m0 + BM > p.m;
     int kt = 0;  // k-tile over all segments
     for (int s = 0; s < p.num_segments; ++s) {
       if (!sched.in_segment(tc, s)) continue;  // as k_tiles counts them
@@ -74,9 +78,12 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const Schedule
         u8* tb = ta + L::A_BYTES;
         const int kl = shift_last && k0 + BK > k_end ? k_end - BK : k0;  // the lines loaded
         if (tid == 0) {
-          if constexpr (L::TMA_BYTES > 0) mbar_arrive_expect_tx(&full[stage], L::TMA_BYTES - (half_a ? L::A_BYTES / 2 : 0));
+          // A's rows this stage loads: all BM, or by tma_a_half 64 (an idle warpgroup) or the tail's
+          const int a_rows = tail_tile && p.seg_m[s] == 0 ? p.a_tail_rows : half_a ? 64 : BM;
+          if constexpr (L::TMA_BYTES > 0)
+            mbar_arrive_expect_tx(&full[stage], L::TMA_BYTES - (BM - a_rows) * (L::A_BYTES / BM));
           else mbar_arrive(&full[stage]);
-          if (half_a) tma_tile<64, true>(ta, &P.tma_a_half[s], &full[stage], tc.m0, kl, 0);
+          if (a_rows < BM) tma_tile<64, true>(ta, &P.tma_a_half[s], &full[stage], tc.m0, kl, 0);
           else if constexpr (!L::CPA_A) tma_tile<BM, Cfg::A_KMAJOR>(ta, &P.tma_a[s], &full[stage], tc.m0, kl, 0);
           if constexpr (L::PAIR_ROWS)  // the same rows of the second half
             tma_tile<BM, Cfg::A_KMAJOR>(ta + L::A_BYTES / 2, &P.tma_a[s], &full[stage], tc.m0 + p.m / 2, kl, 0);

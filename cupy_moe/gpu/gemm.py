@@ -63,6 +63,15 @@ PAIRED_HALVES = os.environ.get("CUPY_MOE_PAIRED_HALVES", "1") != "0"
 BAND_ROWS = int(os.environ.get("CUPY_MOE_BAND_ROWS", "4"))
 BAND_NARROW_ROWS = int(os.environ.get("CUPY_MOE_BAND_NARROW", "1"))
 BAND_GROUPED_ROWS = int(os.environ.get("CUPY_MOE_BAND_GROUPED", "1"))
+# K-major A boxes that reach past the map's last row (zero-filled by the TMA unit) slow the loads
+# of every CTA of the GEMM, not only their own: SOL-080's dgrad shape alone at T = 449 ran 25.3-26.0
+# us against 20.5-20.6 with the last row tile's box cut to its rows, d_act's at 2053 48.5 against
+# 46.8 (bench/NOTES.md v0.45). So the last row tile of an ungrouped GEMM loads exactly its m % 128
+# rows (_prepare_sm90, mainloop_wgmma.cuh). In the whole SOL-080 call the gain is small (-0.1..-0.6
+# us over the 11 workloads with such tiles, in three A/Bs). Not done, measured: MN-major K tails
+# shifted back inside the map as K-grouped tiles do (+0.2..+2.9 us a SOL-080 call), B's atoms past
+# n left unloaded (no gain). CUPY_MOE_TAIL_BOXES=0: the 128-row box (A/B).
+TAIL_BOXES = os.environ.get("CUPY_MOE_TAIL_BOXES", "1") != "0"
 
 # fp32 results (epilogue 'f32': the layer's dx_rest) leave through shared memory and TMA stores, as
 # bf16 ones do, instead of from registers (4.5 us a 128 x 256 tile, the tensor cores idle).
@@ -124,12 +133,16 @@ class GemmParams(ctypes.Structure):
         # The Hopper loop's persistent order starts at this tile (ungrouped GEMMs; see
         # _heavy_tiles_rotation).
         ("tile_rotation", ctypes.c_int32),
+        # Ungrouped Hopper loop, K-major A: the rows of the last row tile (m % BM, 0 when none),
+        # which its segments with all m rows load by a box of exactly that many
+        # (GemmSm90Params::tma_a_half).
+        ("a_tail_rows", ctypes.c_int32),
     ]
     _c_types_ = ["const void*", "const void*", "i64", "i64", "i64", "int", "int", "int", "void*", "i64",
                  "i64", "int", "int", "const int*", "int", "const int*", "const int*", "int",
                  "const void*", "const void*", "const void*", "const float*", "const int*", "void*", "void*",
                  "void*", "float*", "int", "int", "i64", "const int*", "int*",
-                 "void*", "i64", "int", "int"]
+                 "void*", "i64", "int", "int", "int"]
 
 
 @dataclass(frozen=True)
@@ -172,6 +185,7 @@ def _module(cfg: GemmConfig):
 
 def _sm90_params_struct():
     # tma_a_half: a K-major A's map again with boxes of 64 rows, for tiles with at most 64 real rows
+    # (ungrouped, for a segment with all m rows: boxes of the last row tile's rows, a_tail_rows)
     fields = [("tma_a", TmaDesc * MAX_SEGMENTS), ("tma_b", TmaDesc * MAX_SEGMENTS), ("tma_c", TmaDesc),
               ("tma_a_half", TmaDesc * MAX_SEGMENTS), ("base", GemmParams)]
     types = ["TmaDesc", "TmaDesc", "TmaDesc", "TmaDesc", "GemmParams"]
@@ -457,8 +471,7 @@ def prepare(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_km
     opt = lambda a: 0 if a is None else _addr(a)
     sw = swiglu if epilogue == "swiglu_backward" else None
     key = (cupy.cuda.Device().id, PINGPONG, STAGED_EPILOGUE, DYNAMIC_TILES, STORE_RING, F32_TMA, PAIRED_HALVES,
-           BAND_ROWS,
-           BAND_NARROW_ROWS, BAND_GROUPED_ROWS,
+           BAND_ROWS, BAND_NARROW_ROWS, BAND_GROUPED_ROWS, TAIL_BOXES,
            tuple(sorted(CONFIG_OVERRIDE.items())),
            m, n, a_kmajor, b_kmajor, opt(out), ldc, epilogue, grouping, opt(group_offsets),
            num_groups, c_group_stride, opt(gather_a), opt(gather_b), gather_div, engine, k_splits,
@@ -712,6 +725,12 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
                (32 if f32_out else 64, 64, 1), "f32" if f32_out else "bf16")  # a box: 64 rows of 128 bytes
     copy_a, copy_b = cfg.GATHER_A, cfg.GATHER_B
     groups = num_groups if grouping == "m" else 1
+    # TAIL_BOXES: the last row tile of an ungrouped GEMM loads exactly its rows (Plan::HALF_A's
+    # map, mainloop_wgmma.cuh); the rest of the stage keeps older rows, which reach only result
+    # rows past m (never stored).
+    tail = m % cfg.BM if (TAIL_BOXES and grouping == "none" and cfg.A_KMAJOR and not copy_a
+                          and not cfg.PINGPONG) else 0
+    P.base.a_tail_rows = tail
     for i, s in enumerate(segments):
         if s.k == 0:
             continue  # no reduction tiles: the map is never read
@@ -721,7 +740,8 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
             box = (64, cfg.BM) if cfg.A_KMAJOR else (64, 64)
             encode(P.tma_a[i], _addr(s.a), dims + (1,), (s.lda, s.lda * dims[1]), box + (1,))
             if cfg.A_KMAJOR:  # (read by cooperative tiles of at most 64 real rows: Plan::HALF_A)
-                encode(P.tma_a_half[i], _addr(s.a), dims + (1,), (s.lda, s.lda * dims[1]), (64, 64, 1))
+                half = tail if tail and not s.m else 64  # (a segment of fewer rows needs the zeros)
+                encode(P.tma_a_half[i], _addr(s.a), dims + (1,), (s.lda, s.lda * dims[1]), (64, half, 1))
         if not copy_b:
             dims = (s.k, n) if cfg.B_KMAJOR else (n, s.k)
             box = (64, cfg.BN) if cfg.B_KMAJOR else (64, 64)

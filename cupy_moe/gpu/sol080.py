@@ -267,6 +267,7 @@ class _Plan:
     dgrad_wide: bool = False              # the unsplit dgrad in 128 x 256 tiles (DGRAD_WIDE)
     router_min_blocks: int = 6            # ROUTER_MIN_BLOCKS (A/B: a graph per setting; _router_kernel)
     chunk_grids: bool = True              # CHUNK_GRIDS (A/B: a graph per setting)
+    tail_boxes: bool = True               # gemm.TAIL_BOXES (A/B: a graph per setting)
 
     @classmethod
     def of(cls, g, x, wr, wg, wu, wd, gate):
@@ -359,7 +360,8 @@ class _Plan:
                    small_t_order=small_t_order, wd_first=wd_first, swiglu_sms=swiglu_sms,
                    store_ring=gemm_module.STORE_RING,
                    band_rows=(gemm_module.BAND_ROWS, gemm_module.BAND_NARROW_ROWS), dgrad_wide=dgrad_wide,
-                   router_min_blocks=ROUTER_MIN_BLOCKS, chunk_grids=CHUNK_GRIDS)
+                   router_min_blocks=ROUTER_MIN_BLOCKS, chunk_grids=CHUNK_GRIDS,
+                   tail_boxes=gemm_module.TAIL_BOXES)
 
 
 _plans: dict = {}  # _Plan.of's key -> _Plan
