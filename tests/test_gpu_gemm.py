@@ -669,8 +669,8 @@ def test_last_row_tile_loads_only_its_rows(m, form, monkeypatch):
 @pytest.mark.parametrize("engine", ["sm90", "sm90-pingpong", "sm90-claims"])
 def test_short_last_k_step_of_mn_major_operands(k0, k1, short, engine, monkeypatch):
     """Ungrouped with MN-major A and B (a weight gradient over tokens): a segment's last k-step
-    short of 64 lines comes by boxes of exactly its lines, the producer warp zeroing the stage's
-    other lines of both operands (gemm.K_TAIL_BOXES, Sm90Config.K_TAIL). The stage then holds
+    short of 64 lines comes by boxes of exactly its lines, the stage's other lines of both operands
+    by bulk copies from a block of zeros (gemm.K_TAIL_BOXES, Sm90Config.K_TAIL). The stage then holds
     what boxes past K fill in, so the results are theirs bit for bit (fp32 and bf16), every
     element written, against NumPy too: segments with a tail, none (64) and shorter than a step
     (30), a second segment of the first rows only (Segment.m); cooperative, ping-pong, and with
