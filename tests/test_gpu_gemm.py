@@ -664,6 +664,50 @@ def test_last_row_tile_loads_only_its_rows(m, form, monkeypatch):
     assert relative_error(got, ref) < (1e-5 if splits > 1 else 1e-2)
 
 
+@pytest.mark.parametrize("k0,k1", [(65, 100), (127, 30), (449, 64), (200, 77)])
+@pytest.mark.parametrize("short", [False, True])
+@pytest.mark.parametrize("engine", ["sm90", "sm90-pingpong", "sm90-claims"])
+def test_short_last_k_step_of_mn_major_operands(k0, k1, short, engine, monkeypatch):
+    """Ungrouped with MN-major A and B (a weight gradient over tokens): a segment's last k-step
+    short of 64 lines comes by boxes of exactly its lines, the stage's other lines of both operands
+    by bulk copies from a block of zeros (gemm.K_TAIL_BOXES, Sm90Config.K_TAIL). The stage then holds
+    what boxes past K fill in, so the results are theirs bit for bit (fp32 and bf16), every
+    element written, against NumPy too: segments with a tail, none (64) and shorter than a step
+    (30), a second segment of the first rows only (Segment.m); cooperative, ping-pong, and with
+    tiles claimed (the producer warp's shuffle of the claimed index)."""
+    import cupy as cp
+    from cupy_moe.gpu import gemm as G
+    from cupy_moe.gpu.gemm import Segment
+
+    rng = np.random.default_rng(k0 * 1000 + k1 + short)
+    m, n = 200, 264
+    rows1 = 72 if short else 0
+    A0, A1 = _bf16(rng, k0, m), _bf16(rng, k1, rows1 or m)
+    B0, B1 = _bf16(rng, k0, n), _bf16(rng, k1, n)
+    ref = _f(A0).T @ _f(B0)
+    ref[:A1.shape[1]] += _f(A1).T @ _f(B1)
+    segments = [Segment(cp.asarray(A0), m, cp.asarray(B0), n, k=k0),
+                Segment(cp.asarray(A1), A1.shape[1], cp.asarray(B1), n, k=k1, m=rows1)]
+    if engine == "sm90-claims":
+        monkeypatch.setattr(G, "DYNAMIC_TILES", "all")
+    chosen = _record_choices(monkeypatch, G)
+    results = {}
+    for tail in (False, True):
+        monkeypatch.setattr(G, "K_TAIL_BOXES", tail)
+        for epilogue, dtype in (("f32", cp.float32), ("bf16", bfloat16)):
+            out = cp.full((m, n), np.nan, dtype)
+            _run(engine.replace("-claims", ""), m=m, n=n, segments=segments, a_kmajor=False, b_kmajor=False,
+                 out=out, ldc=n, epilogue=epilogue)
+            results[tail, epilogue] = out.get().astype(np.float32)
+    assert [c.K_TAIL for c in chosen] == [False, False, True, True]
+    for epilogue in ("f32", "bf16"):
+        assert not np.isnan(results[True, epilogue]).any()
+        np.testing.assert_array_equal(results[True, epilogue].view(np.uint32),
+                                      results[False, epilogue].view(np.uint32))
+    assert relative_error(results[True, "f32"], ref) < 1e-5
+    assert relative_error(results[True, "bf16"], ref) < 1e-2
+
+
 @pytest.mark.parametrize("head,rows,n,k", [(128, 2816 + 128, 4096, 333), (40, 304, 264, 200), (8, 16, 72, 1)])
 def test_f32_head_and_a_segment_of_the_first_rows(head, rows, n, k):
     """gemm(f32_head) with a Segment(m=head): [A0 (all rows); A1 (the first head rows)] reduced

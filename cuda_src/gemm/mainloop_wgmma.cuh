@@ -77,7 +77,25 @@ __device__ __forceinline__ void producer(const GemmSm90Params& P, const Schedule
         u8* ta = smem + stage * L::STAGE_BYTES;
         u8* tb = ta + L::A_BYTES;
         const int kl = shift_last && k0 + BK > k_end ? k_end - BK : k0;  // the lines loaded
-        if (tid == 0) {
+        const int k_lines = L::K_TAIL && k0 + BK > k_end ? k_end - k0 : BK;  // K_TAIL: this step's lines
+        if (tid == 0 && k_lines < BK) {
+          // Each 64-wide atom: the step's lines by a box of exactly them, the rest of its lines
+          // from a block of zeros in global memory by a bulk copy (zero lines look the same in
+          // any swizzle): no load reaches past K, and nothing is written by the threads.
+          const u32 zeros = (BK - k_lines) * 128;
+          mbar_arrive_expect_tx(&full[stage], L::TMA_BYTES);
+          #pragma unroll
+          for (int a = 0; a < BM / 64; ++a) {
+            tma_load_3d(ta + a * ATOM_BYTES, &P.tma_a_half[s], &full[stage], tc.m0 + 64 * a, k0, 0);
+            bulk_load(ta + a * ATOM_BYTES + k_lines * 128, p.zeros, zeros, &full[stage]);
+          }
+          #pragma unroll
+          for (int a = 0; a < BN / 64; ++a) {
+            tma_load_3d(tb + a * ATOM_BYTES, &P.tma_b_tail[s], &full[stage], tc.n0 + 64 * a, k0, grp);
+            bulk_load(tb + a * ATOM_BYTES + k_lines * 128, p.zeros, zeros, &full[stage]);
+          }
+          if (kt == 0) TRACE_PRODUCER_END(true, t);
+        } else if (tid == 0) {
           // A's rows this stage loads: all BM, or by tma_a_half 64 (an idle warpgroup) or the tail's
           const int a_rows = tail_tile && p.seg_m[s] == 0 ? p.a_tail_rows : half_a ? 64 : BM;
           if constexpr (L::TMA_BYTES > 0)

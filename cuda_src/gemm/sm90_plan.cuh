@@ -27,6 +27,12 @@ struct Plan {
   // the layer's [1408 x 4096] per-expert weight gradient at random routing 1460 -> 1298 us
   // (64-aligned groups: 1217; bench/k_grouped_align.py, bench/NOTES.md v0.14).
   static constexpr bool SHIFT_LAST = MASK_A;
+  // Ungrouped, MN-major A and B (gemm.py K_TAIL_BOXES): a segment's last k-step short of BK lines
+  // comes by boxes of exactly its lines (GemmSm90Params::tma_a_half, tma_b_tail) and the stage's
+  // other lines of both operands by bulk copies of zeros (lines past K, loaded, would be
+  // zero-filled by the TMA unit, which slows every CTA's loads: bench/NOTES.md v0.45).
+  static constexpr bool K_TAIL = Cfg::K_TAIL && Cfg::GROUPING == kNone && !Cfg::A_KMAJOR && !Cfg::B_KMAJOR &&
+                                 !CPA && !Cfg::SPLIT_K && !Cfg::PAIR_ROWS;
   static constexpr bool TMA_STORE = Cfg::C_TMA;  // bf16 or fp32 output with 16-byte aligned strides
   // PAIR_ROWS (K-grouped [hi; lo] halves summed in the CTA, gemm(sum_groups_and_halves)): a stage
   // holds A's rows m0 .. m0 + BM - 1 and the same rows of the second half (m0 + m / 2 ...); each

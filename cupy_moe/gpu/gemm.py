@@ -72,6 +72,11 @@ BAND_GROUPED_ROWS = int(os.environ.get("CUPY_MOE_BAND_GROUPED", "1"))
 # shifted back inside the map as K-grouped tiles do (+0.2..+2.9 us a SOL-080 call), B's atoms past
 # n left unloaded (no gain). CUPY_MOE_TAIL_BOXES=0: the 128-row box (A/B).
 TAIL_BOXES = os.environ.get("CUPY_MOE_TAIL_BOXES", "1") != "0"
+# An ungrouped GEMM with MN-major A and B (a weight gradient over tokens) loads a segment's short
+# last k-step by boxes of exactly its lines and the stage's other lines by bulk copies of zeros
+# (Sm90Config.K_TAIL), instead of boxes whose lines past K the TMA unit zero-fills (the cost
+# above); CUPY_MOE_K_TAIL_BOXES=0: those boxes (A/B).
+K_TAIL_BOXES = os.environ.get("CUPY_MOE_K_TAIL_BOXES", "1") != "0"
 
 # fp32 results (epilogue 'f32': the layer's dx_rest) leave through shared memory and TMA stores, as
 # bf16 ones do, instead of from registers (4.5 us a 128 x 256 tile, the tensor cores idle).
@@ -137,12 +142,14 @@ class GemmParams(ctypes.Structure):
         # which its segments with all m rows load by a box of exactly that many
         # (GemmSm90Params::tma_a_half).
         ("a_tail_rows", ctypes.c_int32),
+        # Sm90Config.K_TAIL: 8 KB of zeros (a short k-step's missing lines come from there).
+        ("zeros", ctypes.c_void_p),
     ]
     _c_types_ = ["const void*", "const void*", "i64", "i64", "i64", "int", "int", "int", "void*", "i64",
                  "i64", "int", "int", "const int*", "int", "const int*", "const int*", "int",
                  "const void*", "const void*", "const void*", "const float*", "const int*", "void*", "void*",
                  "void*", "float*", "int", "int", "i64", "const int*", "int*",
-                 "void*", "i64", "int", "int", "int"]
+                 "void*", "i64", "int", "int", "int", "const void*"]
 
 
 @dataclass(frozen=True)
@@ -185,11 +192,13 @@ def _module(cfg: GemmConfig):
 
 def _sm90_params_struct():
     # tma_a_half: a K-major A's map again with boxes of 64 rows, for tiles with at most 64 real rows
-    # (ungrouped, for a segment with all m rows: boxes of the last row tile's rows, a_tail_rows)
+    # (ungrouped, for a segment with all m rows: boxes of the last row tile's rows, a_tail_rows);
+    # with Sm90Config.K_TAIL, an MN-major A's map with boxes of its segment's last k-step's lines,
+    # and tma_b_tail B's
     fields = [("tma_a", TmaDesc * MAX_SEGMENTS), ("tma_b", TmaDesc * MAX_SEGMENTS), ("tma_c", TmaDesc),
-              ("tma_a_half", TmaDesc * MAX_SEGMENTS), ("base", GemmParams)]
-    types = ["TmaDesc", "TmaDesc", "TmaDesc", "TmaDesc", "GemmParams"]
-    pad = -(ctypes.sizeof(TmaDesc) * (3 * MAX_SEGMENTS + 1) + ctypes.sizeof(GemmParams)) % 64
+              ("tma_a_half", TmaDesc * MAX_SEGMENTS), ("tma_b_tail", TmaDesc * MAX_SEGMENTS), ("base", GemmParams)]
+    types = ["TmaDesc", "TmaDesc", "TmaDesc", "TmaDesc", "TmaDesc", "GemmParams"]
+    pad = -(ctypes.sizeof(TmaDesc) * (4 * MAX_SEGMENTS + 1) + ctypes.sizeof(GemmParams)) % 64
     if pad:  # C++ rounds the size up to TmaDesc's 64-byte alignment; the driver copies that many
         fields.append(("pad", ctypes.c_uint8 * pad))
         types.append("unsigned char")
@@ -246,6 +255,8 @@ class Sm90Config:
     PAIR_ROWS: bool = False  # sum_groups_and_halves with both halves in each CTA (a stage holds
     # A's rows of both; two accumulator blocks added at the tile's end) and the cluster over the
     # groups alone (PAIRED_HALVES)
+    K_TAIL: bool = False  # ungrouped, MN-major A and B: a segment's short last k-step by boxes of its
+    # lines, the rest of the stage by bulk copies of zeros (K_TAIL_BOXES)
     CLUSTER_ROWS: int = 4  # SPLIT_CLUSTER: rows a warp sums at once over DSMEM (the same bits)
     CLUSTER_RELAXED_EXIT: bool = True  # SPLIT_CLUSTER: the last cluster barrier without release
     # semantics, so it does not wait for the sums' global stores (the same bits; the router
@@ -471,7 +482,7 @@ def prepare(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_km
     opt = lambda a: 0 if a is None else _addr(a)
     sw = swiglu if epilogue == "swiglu_backward" else None
     key = (cupy.cuda.Device().id, PINGPONG, STAGED_EPILOGUE, DYNAMIC_TILES, STORE_RING, F32_TMA, PAIRED_HALVES,
-           BAND_ROWS, BAND_NARROW_ROWS, BAND_GROUPED_ROWS, TAIL_BOXES,
+           BAND_ROWS, BAND_NARROW_ROWS, BAND_GROUPED_ROWS, TAIL_BOXES, K_TAIL_BOXES,
            tuple(sorted(CONFIG_OVERRIDE.items())),
            m, n, a_kmajor, b_kmajor, opt(out), ldc, epilogue, grouping, opt(group_offsets),
            num_groups, c_group_stride, opt(gather_a), opt(gather_b), gather_div, engine, k_splits,
@@ -707,7 +718,13 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
     claims = dynamic and not cluster
     counter = _tile_counter() if claims else 0
     paired = halves and PAIRED_HALVES  # both halves in each CTA (Sm90Config.PAIR_ROWS)
-    flags = dict(flags, DYNAMIC=counter != 0, SEG_ROWS=any(s.m for s in segments), PAIR_ROWS=paired)
+    k_tail = (K_TAIL_BOXES and grouping == "none" and not flags["A_KMAJOR"] and not flags["B_KMAJOR"]
+              and not flags["GATHER_A"] and not flags["GATHER_B"] and k_splits == 1 and not paired
+              and any(s.k % Sm90Config.BK for s in segments))
+    zeros = _zeros() if k_tail else 0
+    k_tail = k_tail and zeros != 0
+    flags = dict(flags, DYNAMIC=counter != 0, SEG_ROWS=any(s.m for s in segments), PAIR_ROWS=paired,
+                 K_TAIL=k_tail)
     cfg = Sm90Config.choose(m_tiles * k_splits, n, sms, num_groups if grouping == "m" else 0,
                             pingpong, wide=wide and not staged and not cluster, C_TMA=c_tma,
                             E_STAGED=staged, SPLIT_K=k_splits > 1, SPLIT_CLUSTER=cluster, **flags)
@@ -731,6 +748,7 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
     tail = m % cfg.BM if (TAIL_BOXES and grouping == "none" and cfg.A_KMAJOR and not copy_a
                           and not cfg.PINGPONG) else 0
     P.base.a_tail_rows = tail
+    P.base.zeros = zeros if cfg.K_TAIL else 0
     for i, s in enumerate(segments):
         if s.k == 0:
             continue  # no reduction tiles: the map is never read
@@ -742,11 +760,15 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
             if cfg.A_KMAJOR:  # (read by cooperative tiles of at most 64 real rows: Plan::HALF_A)
                 half = tail if tail and not s.m else 64  # (a segment of fewer rows needs the zeros)
                 encode(P.tma_a_half[i], _addr(s.a), dims + (1,), (s.lda, s.lda * dims[1]), (64, half, 1))
+            elif cfg.K_TAIL and s.k % cfg.BK:  # (the segment's last k-step: its lines alone)
+                encode(P.tma_a_half[i], _addr(s.a), dims + (1,), (s.lda, s.lda * dims[1]), (64, s.k % cfg.BK, 1))
         if not copy_b:
             dims = (s.k, n) if cfg.B_KMAJOR else (n, s.k)
             box = (64, cfg.BN) if cfg.B_KMAJOR else (64, 64)
             gstride = s.b_group_stride if groups > 1 else s.ldb * dims[1]
             encode(P.tma_b[i], _addr(s.b), dims + (groups,), (s.ldb, gstride), box + (1,))
+            if cfg.K_TAIL and s.k % cfg.BK:
+                encode(P.tma_b_tail[i], _addr(s.b), dims + (groups,), (s.ldb, gstride), (64, s.k % cfg.BK, 1))
     tiles_n = cdiv(n, cfg.BN)
     if grouping == "k":
         tiles = num_groups * cdiv(m // 2 if paired else m, cfg.BM) * tiles_n
@@ -775,6 +797,25 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
         ctas = tiles = outputs * size
     return _Launch("sm90", module, "gemm_sm90_kernel", (ctas,), cfg.threads, smem, bytes(P),
                    GemmSm90Params, cluster=size, m=m, n=n, tiles_n=tiles_n, tiles=tiles)
+
+
+_zero_blocks = {}  # device id -> 8 KB of zeros, never written after their allocation
+
+
+def _zeros() -> int:
+    """The address of 8 KB of zeros on the current device (Sm90Config.K_TAIL's missing lines), or
+    0 inside a stream capture before any was allocated (that launch then loads past K)."""
+    import cupy
+
+    dev = cupy.cuda.Device().id
+    block = _zero_blocks.get(dev)
+    if block is None:
+        stream = cupy.cuda.get_current_stream()
+        if stream.is_capturing():
+            return 0
+        block = _zero_blocks[dev] = cupy.zeros(8192, cupy.uint8)
+        stream.synchronize()  # zeroed before a launch on any stream reads it
+    return block.data.ptr
 
 
 _COUNTER_PAIRS = 1 << 16

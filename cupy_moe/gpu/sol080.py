@@ -268,6 +268,7 @@ class _Plan:
     router_min_blocks: int = 6            # ROUTER_MIN_BLOCKS (A/B: a graph per setting; _router_kernel)
     chunk_grids: bool = True              # CHUNK_GRIDS (A/B: a graph per setting)
     tail_boxes: bool = True               # gemm.TAIL_BOXES (A/B: a graph per setting)
+    k_tail_boxes: bool = True             # gemm.K_TAIL_BOXES (A/B: a graph per setting)
 
     @classmethod
     def of(cls, g, x, wr, wg, wu, wd, gate):
@@ -361,7 +362,7 @@ class _Plan:
                    store_ring=gemm_module.STORE_RING,
                    band_rows=(gemm_module.BAND_ROWS, gemm_module.BAND_NARROW_ROWS), dgrad_wide=dgrad_wide,
                    router_min_blocks=ROUTER_MIN_BLOCKS, chunk_grids=CHUNK_GRIDS,
-                   tail_boxes=gemm_module.TAIL_BOXES)
+                   tail_boxes=gemm_module.TAIL_BOXES, k_tail_boxes=gemm_module.K_TAIL_BOXES)
 
 
 _plans: dict = {}  # _Plan.of's key -> _Plan
