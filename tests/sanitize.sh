@@ -8,6 +8,7 @@ tools=("${@:-memcheck racecheck synccheck initcheck}")
 small='test_small_shapes or (test_small_configs and (-1- or -7-)) or (test_dense and 130-136-72 and bf16)'
 small+=' or (test_m_grouped and 136-64) or (test_k_grouped and 136-72) or (test_swiglu and 136-200)'
 small+=' or (test_k_grouped_short_last_k_tiles and 136-264) or (test_short_last_k_step_of_mn_major_operands and 65-100)'
+small+=' or (test_k_grouped_tails_issue_only_their_k16_steps and 128-264)'
 small+=' or test_gather_rows or test_routing_sort and -7- or (test_weight_gradient and 300-16)'
 small+=' or (test_single_rank_group_is_bitwise_one_gpu and random) or (test_swiglu_beside_small_shapes and 1100)'
 small+=' or test_side_by_side_equals or (test_shared_weight_gradients_side_by_side and 333)'

@@ -298,6 +298,49 @@ def test_k_grouped_short_last_k_tiles(m, n, engine):
     assert relative_error(got[finite], ref[finite]) < 1e-2
 
 
+@pytest.mark.parametrize("m,n", [(128, 264), (200, 1408)])
+@pytest.mark.parametrize("engine", ["sm90", "sm90-pingpong"])
+def test_k_grouped_tails_issue_only_their_k16_steps(m, n, engine, monkeypatch):
+    """K-grouped, a group's short last k-tile issues only the k16 steps that hold its own lines
+    and zeroes only the lines of the step they split (Sm90Config.SKIP_K16): groups of every
+    length 0 .. 129 in shuffled order, so every run a tile can take occurs (a shifted tail from
+    step 0, 1, 2 or 3 with 0-15 lines zeroed; a group shorter than a tile ending at step 1-4).
+    Bitwise equal to zeroing all those lines and multiplying every step (fp32 and bf16 results),
+    every element written, against NumPy."""
+    import cupy as cp
+    from cupy_moe.gpu import gemm as G
+    from cupy_moe.gpu.gemm import Segment
+
+    rng = np.random.default_rng(m + n)
+    sizes = rng.permutation(130)
+    offs = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+    L, groups = int(offs[-1]), len(sizes)
+    A, B = _bf16(rng, L, m), _bf16(rng, L, n)
+    ref = np.stack([_f(A[offs[g]:offs[g + 1]]).T @ _f(B[offs[g]:offs[g + 1]]) for g in range(groups)])
+    A, B, offs_d = cp.asarray(A), cp.asarray(B), cp.asarray(offs)
+    built = []
+    module = G._sm90_module
+    monkeypatch.setattr(G, "_sm90_module", lambda cfg: built.append(cfg) or module(cfg))
+    results = {}
+    for skip in (True, False):
+        monkeypatch.setattr(G, "CONFIG_OVERRIDE", {"SKIP_K16": skip})
+        for epilogue, dtype in (("f32", cp.float32), ("bf16", bfloat16)):
+            out = cp.full((groups, m, n), np.nan, dtype)
+            _run(engine, m=m, n=n, segments=[Segment(A, m, B, n, k=L)], a_kmajor=False, b_kmajor=False,
+                 out=out, ldc=n, c_group_stride=m * n, grouping="k", group_offsets=offs_d,
+                 num_groups=groups, epilogue=epilogue)
+            results[skip, epilogue] = out.get().astype(np.float32)
+    assert [c.SKIP_K16 for c in built] == [True, True, False, False]
+    assert all(c.GROUPING == G.GROUPINGS["k"] and c.PINGPONG == (engine == "sm90-pingpong") for c in built)
+    for epilogue in ("f32", "bf16"):
+        assert not np.isnan(results[True, epilogue]).any()
+        np.testing.assert_array_equal(results[True, epilogue].view(np.uint32),
+                                      results[False, epilogue].view(np.uint32))
+    assert not results[True, "f32"][sizes == 0].any()
+    assert relative_error(results[True, "f32"], ref) < 1e-5
+    assert relative_error(results[True, "bf16"], ref) < 1e-2
+
+
 @pytest.mark.parametrize("grouping", ["none", "m", "k"])
 @ENGINES
 def test_more_tiles_than_sms(grouping, engine):

@@ -157,12 +157,12 @@ __device__ __forceinline__ void mask_lines(u8* stage, int first, int count, bool
   named_barrier(bar, threads);
 }
 
-// K-grouped, cooperative, a shifted last k-tile (only A's lines are zeroed): lines [0, count) of
-// A's atom `atom` alone, the rows warpgroup `atom` multiplies, by its own 128 threads (barrier
-// `bar`), so neither warpgroup waits for the other's zeroing.
+// K-grouped, cooperative, a shifted last k-tile (only A's lines are zeroed): lines [first, first +
+// count) of A's atom `atom` alone, the rows warpgroup `atom` multiplies, by its own 128 threads
+// (barrier `bar`), so neither warpgroup waits for the other's zeroing.
 template <class Cfg>
-__device__ __forceinline__ void mask_a_atom(u8* stage, int atom, int count, int tid, int bar) {
-  u8* tile = stage + atom * ATOM_BYTES;
+__device__ __forceinline__ void mask_a_atom(u8* stage, int atom, int first, int count, int tid, int bar) {
+  u8* tile = stage + atom * ATOM_BYTES + first * 128;
   for (int i = tid; i < count * 8; i += 128) {
     *(uint4*)(tile + (i / 8) * 128 + (i % 8) * 16) = make_uint4(0, 0, 0, 0);
     if constexpr (Plan<Cfg>::PAIR_ROWS)  // the warpgroup's atom of the second half too
@@ -170,6 +170,30 @@ __device__ __forceinline__ void mask_a_atom(u8* stage, int atom, int count, int 
   }
   fence_proxy_async();
   named_barrier(bar, 128);
+}
+
+// A stage's MMAs over its k16 steps [LO, HI) (a K-grouped tail's run, SKIP_K16: a run of wgmmas
+// with no branch between them; a branch there made ptxas fence before each, or serialize all).
+// a_desc(b, kk): A's descriptor for accumulator block b at step kk.
+template <class Cfg, int LO, int HI, int HV, class ADesc>
+__device__ __forceinline__ void stage_mmas(float (&acc)[HV][Cfg::BN / 2], const ADesc& a_desc, u32 b_tile) {
+  constexpr int STEP_B = Cfg::B_KMAJOR ? 32 : 2048;
+  constexpr u32 LBO_B = Cfg::B_KMAJOR ? 16 : ATOM_BYTES;
+  #pragma unroll
+  for (int b = 0; b < HV; ++b) fence_operands(acc[b]);
+  wgmma_fence();
+  const u64 db0 = smem_desc_sw128(b_tile, LBO_B, 1024);
+  const u32 db0_lo = smem_desc_sw128_lo(b_tile, LBO_B);
+  #pragma unroll
+  for (int kk = LO; kk < HI; ++kk) {
+    const u64 db = Cfg::DESC_STEP && Cfg::DESC_LO32 ? smem_desc_sw128_hi(1024) | (db0_lo + kk * (STEP_B / 16))
+                   : Cfg::DESC_STEP ? db0 + kk * (STEP_B / 16)
+                                    : smem_desc_sw128(b_tile + kk * STEP_B, LBO_B, 1024);
+    #pragma unroll
+    for (int b = 0; b < HV; ++b)
+      wgmma_m64k16<Cfg::BN, Cfg::A_KMAJOR ? 0 : 1, Cfg::B_KMAJOR ? 0 : 1>(acc[b], a_desc(b, kk), db, 1);
+  }
+  wgmma_commit();
 }
 
 // A consumer warpgroup's tiles: all of them (cooperative, rows 64 wg ... 64 wg + 63 of each) or
@@ -254,25 +278,39 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
         if (++stage == Cfg::STAGES) { stage = 0; phase ^= 1; }
         continue;
       }
+      int kk_lo = 0, kk_hi = BK / 16;  // the k16 steps this k-tile issues
       if constexpr (L::MASK_A || L::MASK_B) {
         const int valid = tc.k_hi - tc.k_lo - kin * BK;
         if (++kin == seg_tiles) kin = 0;
         if (valid < BK) {
           // Loaded shifted to the group's end (the producer's shift_last): the tile before's
           // lines [0, BK - valid) in A; else the next group's [valid, BK) in both operands.
+          // SKIP_K16: the k16 steps made wholly of such lines are not issued, and only the lines
+          // of the one step they split are zeroed (a group's last k-tile holds 32 such lines on
+          // average at random routing: ~1.5 of a tile's ~34 steps).
           const bool shifted = L::SHIFT_LAST && tc.k_hi - tc.k_lo >= BK;
-          const int first = shifted ? 0 : valid;
+          int first = shifted ? 0 : valid, count = BK - valid;
+          if (Cfg::SKIP_K16 && shifted) {
+            kk_lo = count / 16;
+            first = 16 * kk_lo;
+            count %= 16;
+          } else if (Cfg::SKIP_K16) {
+            kk_hi = (valid + 15) / 16;
+            count = 16 * kk_hi - valid;
+          }
           u8* st = smem + stage * L::STAGE_BYTES;
-          if constexpr (L::PINGPONG) mask_lines<Cfg>(st, first, BK - valid, !shifted, tid, 128, 4 + wg);
-          else if (shifted) mask_a_atom<Cfg>(st, wg, BK - valid, tid, 4 + wg);
-          else mask_lines<Cfg>(st, first, BK - valid, !shifted, tid + 128 * wg, 256, 1);
+          if (count == 0) {
+          } else if constexpr (L::PINGPONG) {
+            mask_lines<Cfg>(st, first, count, !shifted, tid, 128, 4 + wg);
+          } else if (shifted) {
+            mask_a_atom<Cfg>(st, wg, first, count, tid, 4 + wg);
+          } else {
+            mask_lines<Cfg>(st, first, count, !shifted, tid + 128 * wg, 256, 1);
+          }
         }
       }
       const u32 a_tile = smem_addr(smem + stage * L::STAGE_BYTES);
       const u32 b_tile = a_tile + L::A_BYTES;
-      #pragma unroll
-      for (int b = 0; b < HV; ++b) fence_operands(acc[b]);
-      wgmma_fence();
       // Operand descriptors: the k16 step kk starts kk * 32 bytes (K-major) or kk * 2048 (MN-major)
       // into the stage. DESC_STEP: the stage's descriptors once, and each step adds its offset / 16
       // to their start-address field (the low 14 bits hold address / 16; shared addresses stay
@@ -292,18 +330,35 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
         return Cfg::DESC_STEP ? smem_desc_sw128(at, LBO_A, 1024) + kk * (STEP_A / 16)
                               : smem_desc_sw128(at + kk * STEP_A, LBO_A, 1024);
       };
-      const u64 db0 = smem_desc_sw128(b_tile, LBO_B, 1024);
-      const u32 db0_lo = smem_desc_sw128_lo(b_tile, LBO_B);
-      #pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk) {
-        const u64 db = Cfg::DESC_STEP && Cfg::DESC_LO32 ? smem_desc_sw128_hi(1024) | (db0_lo + kk * (STEP_B / 16))
-                       : Cfg::DESC_STEP ? db0 + kk * (STEP_B / 16)
-                                        : smem_desc_sw128(b_tile + kk * STEP_B, LBO_B, 1024);
+      constexpr int KK = BK / 16;
+      if constexpr (Cfg::SKIP_K16 && (L::MASK_A || L::MASK_B)) {
+        // One of the 7 runs a k-tile can take (a shifted tail starts late, a short group's ends
+        // early), chosen by warp votes: ptxas sees each branch taken by the whole warp.
+        const auto all = [](bool c) { return __all_sync(0xffffffffu, c); };
+        if (all(kk_lo == 0 && kk_hi == KK)) stage_mmas<Cfg, 0, KK>(acc, a_desc, b_tile);
+        else if (all(kk_lo == 1)) stage_mmas<Cfg, 1, KK>(acc, a_desc, b_tile);
+        else if (all(kk_lo == 2)) stage_mmas<Cfg, 2, KK>(acc, a_desc, b_tile);
+        else if (all(kk_lo == 3)) stage_mmas<Cfg, 3, KK>(acc, a_desc, b_tile);
+        else if (all(kk_hi == 1)) stage_mmas<Cfg, 0, 1>(acc, a_desc, b_tile);
+        else if (all(kk_hi == 2)) stage_mmas<Cfg, 0, 2>(acc, a_desc, b_tile);
+        else stage_mmas<Cfg, 0, 3>(acc, a_desc, b_tile);
+      } else {  // (the same run inline: through stage_mmas, every GEMM's machine code changed)
         #pragma unroll
-        for (int b = 0; b < HV; ++b)
-          wgmma_m64k16<BN, Cfg::A_KMAJOR ? 0 : 1, Cfg::B_KMAJOR ? 0 : 1>(acc[b], a_desc(b, kk), db, 1);
+        for (int b = 0; b < HV; ++b) fence_operands(acc[b]);
+        wgmma_fence();
+        const u64 db0 = smem_desc_sw128(b_tile, LBO_B, 1024);
+        const u32 db0_lo = smem_desc_sw128_lo(b_tile, LBO_B);
+        #pragma unroll
+        for (int kk = 0; kk < KK; ++kk) {
+          const u64 db = Cfg::DESC_STEP && Cfg::DESC_LO32 ? smem_desc_sw128_hi(1024) | (db0_lo + kk * (STEP_B / 16))
+                         : Cfg::DESC_STEP ? db0 + kk * (STEP_B / 16)
+                                          : smem_desc_sw128(b_tile + kk * STEP_B, LBO_B, 1024);
+          #pragma unroll
+          for (int b = 0; b < HV; ++b)
+            wgmma_m64k16<BN, Cfg::A_KMAJOR ? 0 : 1, Cfg::B_KMAJOR ? 0 : 1>(acc[b], a_desc(b, kk), db, 1);
+        }
+        wgmma_commit();
       }
-      wgmma_commit();
       #pragma unroll
       for (int b = 0; b < HV; ++b) fence_operands(acc[b]);
       if (L::DEFER_STORE && holding && kt + L::HELD_FROM < L::STORE_BATCHES)

@@ -76,12 +76,15 @@ struct TileFeed {
     mbar_arrive(&full[s]);
   }
 
-  // A reader warp, all lanes: entry i. Lane 0 hands the slot back once every lane has read it.
+  // A reader warp, all lanes: entry i. Lane 0 reads the slot and hands it back; the others get
+  // the index by the shuffle. (Every lane reading it was correct, the shuffle ordering their
+  // reads before lane 0's hand-back, but racecheck does not see that order and reported each
+  // slot's reuse as a WAR hazard.)
   __device__ int read(int i, int lane) const {
     if constexpr (!DYNAMIC) return first() + i * (int)gridDim.x;
     const int s = i % SLOTS;
     mbar_wait(&full[s], (i / SLOTS) & 1);
-    const int t = __shfl_sync(0xffffffffu, slot[s], 0);  // (warp-uniform: see the producer)
+    const int t = __shfl_sync(0xffffffffu, lane == 0 ? slot[s] : 0, 0);  // (warp-uniform: see the producer)
     if (lane == 0) mbar_arrive(&empty[s]);
     return t;
   }

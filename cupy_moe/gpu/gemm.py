@@ -257,6 +257,9 @@ class Sm90Config:
     # groups alone (PAIRED_HALVES)
     K_TAIL: bool = False  # ungrouped, MN-major A and B: a segment's short last k-step by boxes of its
     # lines, the rest of the stage by bulk copies of zeros (K_TAIL_BOXES)
+    SKIP_K16: bool = True  # K-grouped, a group's short last k-step: its k16 steps made wholly of
+    # lines it must not count are not issued, only the lines of the step they split are zeroed
+    # (False: all such lines zeroed and multiplied, the A/B path through CONFIG_OVERRIDE)
     CLUSTER_ROWS: int = 4  # SPLIT_CLUSTER: rows a warp sums at once over DSMEM (the same bits)
     CLUSTER_RELAXED_EXIT: bool = True  # SPLIT_CLUSTER: the last cluster barrier without release
     # semantics, so it does not wait for the sums' global stores (the same bits; the router
