@@ -496,7 +496,7 @@ def test_dynamic_tile_claims_give_the_same_bits(case, monkeypatch):
     assert not np.isnan(results[0].astype(np.float32)).any()
     for r in results[1:]:
         np.testing.assert_array_equal(results[0].view(np.uint16), r.view(np.uint16))
-    counters = G._counters[cp.cuda.Device().id][0]
+    counters = G._counters[cp.cuda.Device().id]
     assert int(cp.count_nonzero(counters)) == 0  # every launch left its pair zeroed
 
 

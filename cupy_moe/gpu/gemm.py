@@ -802,6 +802,23 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
                    GemmSm90Params, cluster=size, m=m, n=n, tiles_n=tiles_n, tiles=tiles)
 
 
+def _zeroed_once(cache: dict, size: int, dtype):
+    """The current device's zeroed array in `cache` (device id -> array), allocated at its first
+    use; None inside a stream capture before that (its zeroing would not be ordered before the
+    captured launches)."""
+    import cupy
+
+    dev = cupy.cuda.Device().id
+    array = cache.get(dev)
+    if array is None:
+        stream = cupy.cuda.get_current_stream()
+        if stream.is_capturing():
+            return None
+        array = cache[dev] = cupy.zeros(size, dtype)
+        stream.synchronize()  # zeroed before a launch on any stream reads it
+    return array
+
+
 _zero_blocks = {}  # device id -> 8 KB of zeros, never written after their allocation
 
 
@@ -810,19 +827,13 @@ def _zeros() -> int:
     0 inside a stream capture before any was allocated (that launch then loads past K)."""
     import cupy
 
-    dev = cupy.cuda.Device().id
-    block = _zero_blocks.get(dev)
-    if block is None:
-        stream = cupy.cuda.get_current_stream()
-        if stream.is_capturing():
-            return 0
-        block = _zero_blocks[dev] = cupy.zeros(8192, cupy.uint8)
-        stream.synchronize()  # zeroed before a launch on any stream reads it
-    return block.data.ptr
+    block = _zeroed_once(_zero_blocks, 8192, cupy.uint8)
+    return 0 if block is None else block.data.ptr
 
 
 _COUNTER_PAIRS = 1 << 16
-_counters = {}  # device id -> [zeroed int32 array of _COUNTER_PAIRS pairs, the next pair to give]
+_counters = {}  # device id -> zeroed int32 array of _COUNTER_PAIRS pairs
+_next_pair = {}  # device id -> the next pair to give
 
 
 def _tile_counter() -> int:
@@ -832,17 +843,12 @@ def _tile_counter() -> int:
     prepared launches (gemm()'s cache keeps 1024)."""
     import cupy
 
+    counters = _zeroed_once(_counters, 2 * _COUNTER_PAIRS, cupy.int32)
+    if counters is None:
+        return 0
     dev = cupy.cuda.Device().id
-    entry = _counters.get(dev)
-    if entry is None:
-        stream = cupy.cuda.get_current_stream()
-        if stream.is_capturing():
-            return 0
-        counters = cupy.zeros(2 * _COUNTER_PAIRS, cupy.int32)
-        stream.synchronize()  # zeroed before a launch on any stream reads them
-        entry = _counters[dev] = [counters, 0]
-    counters, pair = entry
-    entry[1] = (pair + 1) % _COUNTER_PAIRS
+    pair = _next_pair.get(dev, 0)
+    _next_pair[dev] = (pair + 1) % _COUNTER_PAIRS
     return counters.data.ptr + 8 * pair
 
 
