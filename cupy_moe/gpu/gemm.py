@@ -992,6 +992,12 @@ def example_sm90_configs():
     # cluster over its token pieces.
     out.append(Sm90Config.choose(1, 4096, 132, 0, False, A_KMAJOR=False, B_KMAJOR=False, GROUPING=2,
                                  EPILOGUE=1, SPLIT_CLUSTER=True, PAIR_ROWS=True))
+    # SOL-080's K = T weight gradients with a short last k-step (K_TAIL_BOXES): grad_Wd on
+    # ping-pong consumers and grad_[Wg; Wu] with its tiles claimed.
+    out.append(Sm90Config.choose(32, 1408, 132, 0, True, A_KMAJOR=False, B_KMAJOR=False, C_TMA=True,
+                                 K_TAIL=True))
+    out.append(Sm90Config.choose(22, 4096, 132, 0, False, A_KMAJOR=False, B_KMAJOR=False, C_TMA=True,
+                                 DYNAMIC=True, K_TAIL=True))
     return [dataclasses.replace(cfg, BAND_M=band_rows(cfg)) for cfg in out]  # as _prepare_sm90 sets it
 
 
