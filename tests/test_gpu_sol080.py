@@ -50,7 +50,8 @@ def test_plans_between_the_workloads_pass_rule(T, atol):
     """Plans that no workload reaches on an H200: d_act unsplit where its tiles fill more than a
     third of the SMs (513 .. 768 tokens: ACT_SPLIT_THIRD), d_act wide in one round beside the
     router where the fused one would fill every SM (1409 .. 1536: WIDE_FULL_ROUND) and the router
-    first where the fused d_act just passes two rounds (3200, 3328: ROUTER_FIRST)."""
+    queued beside a d_act on every SM where the fused d_act just passes two rounds (3200, 3328:
+    ROUTER_QUEUED)."""
     _assert_passes(*_run(T, seed=T + 3), atol)
 
 

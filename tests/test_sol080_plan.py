@@ -293,7 +293,7 @@ def test_grad_wd_first_from_5120_tokens_and_where_the_router_would_go_first(plan
     Ts = (192, 997, 2053, 3072, 3089, 4093, 6144, 8192)
     plans = [plan_of(T) for T in Ts]
     assert [p.wd_first for p in plans] == [False] * 3 + [True, False, False, True, True]
-    assert [p.router_beside for p in plans] == [True] * 3 + [False, False, True, False, False]
+    assert [p.router_beside for p in plans] == [True] * 3 + [False, True, True, False, False]
     assert [p.wgrad_fused for p in plans] == [False] * 3 + [True] * 5
     monkeypatch.setattr(sol080, "WD_FIRST", "1")
     plans = [plan_of(T) for T in Ts]
@@ -307,23 +307,27 @@ def test_grad_wd_first_from_5120_tokens_and_where_the_router_would_go_first(plan
     assert not plan_of(8192).wd_first
 
 
-@pytest.mark.parametrize("T,first", [(2944, False), (3072, False), (3073, True), (3089, True), (3200, True),
-                                     (3328, True), (3329, False), (3719, False)])
-def test_router_first_where_d_act_just_passes_two_rounds(plan_of, T, first, monkeypatch):
-    """sol080.ROUTER_FIRST: where the fused d_act's tiles fill two rounds of the 132 SMs and at
-    most 22 more (25-26 row tiles of 11), the router kernel goes first alone (neither beside d_act
-    nor beside grad_Wd), d_act takes every SM and the router wgrad rides in grad_[Wg; Wu]; "0"
-    keeps the router beside d_act's even rounds there."""
+@pytest.mark.parametrize("T,queued", [(192, False), (1321, False), (2053, False), (2944, False), (3072, False),
+                                      (3073, True), (3089, True), (3200, True), (3329, True), (3719, True),
+                                      (4093, True), (5119, True), (5120, False), (8192, False)])
+def test_router_queued_beside_d_act_of_three_rounds_or_more(plan_of, T, queued, monkeypatch):
+    """sol080.ROUTER_QUEUED: where d_act (unsplit, 128-wide) takes three rounds of the 132 SMs or
+    more and the router would run beside its even rounds, d_act takes every SM and the router
+    waits beside it for the SMs its last round leaves, with the router wgrad inside grad_[Wg; Wu]
+    (T <= 3200 would give it a GEMM of its own); not with fewer rounds (split, one round,
+    1537 .. 2560 wide, 2944: none to spare, 3072: grad_Wd first), nor where grad_Wd goes first
+    (5120 on). "0" keeps the router beside d_act's even rounds."""
     from cupy_moe.gpu import sol080
 
     p = plan_of(T)
-    if first:
-        assert (p.router_beside, p.wd_first, p.wgrad_fused, p.act_fused) == (False, False, True, True)
-    else:
-        assert p.router_beside or p.wd_first or p.swiglu_sms
-    monkeypatch.setattr(sol080, "ROUTER_FIRST", "0")
+    assert p.router_queued == queued
+    if queued:
+        assert (p.router_beside, p.wd_first, p.wgrad_fused) == (True, False, True)
+    monkeypatch.setattr(sol080, "ROUTER_QUEUED", "0")
     p = plan_of(T)
-    assert p.router_beside or p.wd_first or p.swiglu_sms
+    assert not p.router_queued
+    if queued:
+        assert p.router_beside and not p.wd_first
 
 
 @pytest.mark.parametrize("T,sms", [(3089, 0), (3584, 20), (3719, 20), (4093, 20), (5119, 20),

@@ -34,14 +34,14 @@ beside it, then d_act (wd_first: T >= 5120, and T = 3072); or at small T grad_[W
 dgrad on the main stream (small_t_order).
 The router kernel runs the call's index check, whose verdict every later launch reads. It runs
 beside d_act where d_act leaves it at least 8 SMs (_Plan.router_beside: d_act on the fewest CTAs
-that keep its rounds, or split in fewer pieces); every GEMM CTA takes a whole SM's registers, so
-a router queued beside a d_act that fills the SMs would wait for it and hold back the dgrad:
-there (T = 3072), and from T = 5120 (WD_FIRST), grad_Wd runs first instead, with the router beside
-it, and d_act after it (the router goes first, alone, where neither order applies: d_act off
-the Hopper loop or split over every SM, or one stream; and where the fused d_act's tiles just pass
-two rounds of every SM, T = 3073 .. 3328 on 132 SMs, so that d_act takes every SM and most of its
-CTAs leave after two tiles, with the router wgrad inside grad_[Wg; Wu]: ROUTER_FIRST). d_act
-reads no routing, so it does not wait for the verdict when the router runs beside it or beside
+that keep its rounds, or split in fewer pieces); where d_act takes three rounds or more, d_act
+takes every SM instead and the router waits beside it for the SMs d_act's last round leaves
+(ROUTER_QUEUED: T = 3073 .. 5119 on 132 SMs, with the router wgrad inside grad_[Wg; Wu]). Every
+GEMM CTA takes a whole SM's registers, so a router queued beside a d_act of fewer rounds would
+wait for it and hold back the dgrad: there (T = 3072), and from T = 5120 (WD_FIRST), grad_Wd
+runs first instead, with the router beside it, and d_act after it (the router goes first, alone,
+where neither order applies: d_act off the Hopper loop or split over every SM, or one stream).
+d_act reads no routing, so it does not wait for the verdict when the router runs beside it or beside
 grad_Wd; grad_Wd likewise.
 Elsewhere grad_Wd, which needs neither d_act nor the router, takes the SMs d_act's last round
 leaves, as grad_[Wg; Wu] beside the dgrad (at small T grad_[Wg; Wu] follows the dgrad on the main
@@ -181,14 +181,17 @@ _WD_FIRST_MIN_T = 5120
 # up to where grad_Wd goes first (WD_FIRST); N: N SMs wherever d_act is unsplit and fused
 # (grad_Wd then never first); "0": never.
 SWIGLU_SMS = os.environ.get("CUPY_MOE_SOL080_SWIGLU_SMS", "auto")
-# Where the fused d_act's tiles fill two rounds of every SM and at most a sixth of a third round
-# (T = 3073 .. 3328 at H = 4096, I = 1408: 275 / 286 tiles on 132 SMs), the router kernel first,
-# alone, then d_act on every SM (most CTAs leave after two tiles) with the router wgrad inside
-# grad_[Wg; Wu], instead of d_act in three even rounds of 92-96 CTAs beside the router and the
-# router wgrad's own 64 CTAs ending the call: 3089 -3.5 / -4.3, 3200 -3.0 / -3.8, 3328 -3.9 us in two A/Bs
-# (without the fused wgrad +3.5 at 3089; grad_Wd first instead, 3072's plan, a wash; bench/NOTES.md
-# v0.44). "auto" | "0" (A/B).
-ROUTER_FIRST = os.environ.get("CUPY_MOE_SOL080_ROUTER_FIRST", "auto")
+# Where d_act (unsplit, 128-wide tiles, fused or plain) takes three rounds of the SMs or more and
+# the router would run beside its even rounds (T = 3073 .. 5119 at H = 4096, I = 1408 on 132 SMs,
+# up to where grad_Wd goes first), d_act takes every SM and the router kernel is queued beside it
+# on the side stream: it starts on the SMs d_act's last, ragged round leaves (CTAs that end after
+# fewer tiles), instead of holding 14-40 SMs from the start, and the router wgrad rides in
+# grad_[Wg; Wu] (as T > 3200 has it anyway). 3500 -9.4, 3719 -5.5 / -5.9, 3850 -4.4, 4093 -1.5 /
+# -2.3, 4400 -5.4, 4800 -8.9, 5100 -6.5, 3300 -1.4; 3089 ties the router first, alone, which it
+# replaces there (v0.44's ROUTER_FIRST); with two rounds the router waits a whole round for SMs
+# and holds the dgrad back (2600 +1.5, 2800 +9.6: not taken). bench/NOTES.md v0.47. "auto" | "0"
+# (A/B: the router beside d_act's even rounds).
+ROUTER_QUEUED = os.environ.get("CUPY_MOE_SOL080_ROUTER_QUEUED", "auto")
 _SWIGLU_BESIDE_SMS = 20
 _SWIGLU_BESIDE_MIN_T = 3584
 # The elementwise kernels' grids (the SwiGLU of d_act's pieces or of stored d_act, the dgrad's
@@ -269,6 +272,7 @@ class _Plan:
     chunk_grids: bool = True              # CHUNK_GRIDS (A/B: a graph per setting)
     tail_boxes: bool = True               # gemm.TAIL_BOXES (A/B: a graph per setting)
     k_tail_boxes: bool = True             # gemm.K_TAIL_BOXES (A/B: a graph per setting)
+    router_queued: bool = False           # d_act on every SM, the router queued beside it (ROUTER_QUEUED)
 
     @classmethod
     def of(cls, g, x, wr, wg, wu, wd, gate):
@@ -316,12 +320,10 @@ class _Plan:
             fewer = (sms - _ROUTER_SMS) // d_act_tiles
             if fewer >= 2:
                 act_splits, router_beside = min(act_splits, fewer), True
-        router_first = (ROUTER_FIRST != "0" and router_beside and act_fused  # (not the wide d_act)
-                        and cdiv(d_act_tiles, sms) == 3 and d_act_tiles % sms <= sms // 6)
-        if router_first:
-            router_beside = False
         wd_first = CONCURRENT and d_act_on_sm90 and act_splits == 1 and not act_wide and _knob(
-            WD_FIRST, (T >= _WD_FIRST_MIN_T or not router_beside) and not router_first)
+            WD_FIRST, T >= _WD_FIRST_MIN_T or not router_beside)
+        router_queued = (ROUTER_QUEUED != "0" and router_beside and not wd_first and not act_wide
+                         and act_splits == 1 and cdiv(d_act_tiles, sms) >= 3)
         swiglu_sms = 0
         if CONCURRENT and (act_fused or act_wide) and bulk_swiglu:
             if SWIGLU_SMS == "auto":
@@ -342,7 +344,7 @@ class _Plan:
         acts = _Acts(I, E)
         # (grad_Wd first pays only with the router wgrad inside grad_[Wg; Wu]: its own GEMM would
         # end the call alone; T = 3072 -20 us with both, +8 with grad_Wd first alone.)
-        wanted = _knob(FUSED_WGRAD, not router.summed_in_the_gemm(T, E) or wd_first or router_first)
+        wanted = _knob(FUSED_WGRAD, not router.summed_in_the_gemm(T, E) or wd_first or router_queued)
         wgrad_fused = wanted and sm90_applies(E + 2 * I, H, acts.wgrad_segments(0, x, H, T), False, False)
         hi_ld = acts.ld if wgrad_fused else 2 * E  # (hi in the workspace rows or router.py's [hi | lo])
         dgrad_on_sm90 = sm90_applies(T, H, acts.dgrad_segments(0, 0, hi_ld, wu, wg, wr, H), True, False)
@@ -362,7 +364,8 @@ class _Plan:
                    store_ring=gemm_module.STORE_RING,
                    band_rows=(gemm_module.BAND_ROWS, gemm_module.BAND_NARROW_ROWS), dgrad_wide=dgrad_wide,
                    router_min_blocks=ROUTER_MIN_BLOCKS, chunk_grids=CHUNK_GRIDS,
-                   tail_boxes=gemm_module.TAIL_BOXES, k_tail_boxes=gemm_module.K_TAIL_BOXES)
+                   tail_boxes=gemm_module.TAIL_BOXES, k_tail_boxes=gemm_module.K_TAIL_BOXES,
+                   router_queued=router_queued)
 
 
 _plans: dict = {}  # _Plan.of's key -> _Plan
@@ -491,7 +494,7 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
     # cannot wait for the verdict, and do not need to; after it, they read it like the rest.
     router_early = plan.router_beside or plan.wd_first  # beside d_act or grad_Wd, not first
     d_act["cancel"] = None if router_early else cancel
-    d_act["even_rounds"] = plan.router_beside
+    d_act["even_rounds"] = plan.router_beside and not plan.router_queued
     if plan.wd_first:
         wd_grad.update(cancel=None, even_rounds=True)
     for name, kwargs in (("wd", wd_grad), ("wgu", wgu_grad), ("dgrad", dgrad)):
