@@ -322,8 +322,9 @@ class _Plan:
                 act_splits, router_beside = min(act_splits, fewer), True
         wd_first = CONCURRENT and d_act_on_sm90 and act_splits == 1 and not act_wide and _knob(
             WD_FIRST, T >= _WD_FIRST_MIN_T or not router_beside)
+        # (a split d_act's tiles fill at most half the SMs: never three rounds)
         router_queued = (ROUTER_QUEUED != "0" and router_beside and not wd_first and not act_wide
-                         and act_splits == 1 and cdiv(d_act_tiles, sms) >= 3)
+                         and cdiv(d_act_tiles, sms) >= 3)
         swiglu_sms = 0
         if CONCURRENT and (act_fused or act_wide) and bulk_swiglu:
             if SWIGLU_SMS == "auto":
