@@ -279,6 +279,19 @@ def test_small_t_order_reaches_only_split_plans(plan_of, monkeypatch):
     assert (plan_of(192).small_t_order, plan_of(192).dgrad_splits) == ("", 2)
 
 
+def test_small_t_grad_wd_takes_the_sms_the_dgrad_leaves_or_half_of_them(plan_of, monkeypatch):
+    """Beside the small-T dgrad grad_Wd takes the SMs the dgrad's grid leaves (68 at T = 192, 36
+    at 384); where that is fewer than 16 (its 128 CTAs at 449 and 512) half the SMs, so that the
+    SwiGLU sum is not held back behind it (SMALL_T_WD_HALF; off: every SM)."""
+    from cupy_moe.gpu import sol080
+
+    g = lambda T: types.SimpleNamespace(g=_Array((T, H)))
+    ctas = lambda T: sol080._small_t_wd_ctas(g(T), plan_of(T))
+    assert [ctas(T) for T in (192, 293, 384, 449, 512)] == [68, 36, 36, 66, 66]
+    monkeypatch.setattr(sol080, "SMALL_T_WD_HALF", False)
+    assert [ctas(T) for T in (192, 384, 512)] == [68, 36, 0]
+
+
 def test_grad_wd_first_from_5120_tokens_and_where_the_router_would_go_first(plan_of, monkeypatch):
     """CUPY_MOE_SOL080_WD_FIRST: "auto" runs grad_Wd first with the router beside it from
     T = 5120 (of the workloads 6144 and 8192) and where d_act would leave the router no room

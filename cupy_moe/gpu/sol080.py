@@ -151,6 +151,12 @@ WD_TRANSPOSED = os.environ.get("CUPY_MOE_SOL080_WD_TRANSPOSED", "auto")
 # v0.12); "cap": only the cap (A/B); "": neither.
 SMALL_T_ORDER = os.environ.get("CUPY_MOE_SOL080_SMALL_T_ORDER", "auto")
 _SMALL_T_MIN_FREE = 16
+# Where the dgrad leaves fewer than that (T = 385 .. 512 on 132 SMs: its 128 CTAs), grad_Wd, ready
+# as the router's SMs and then d_act's free, took every SM as they left and held the SwiGLU sum,
+# and so the dgrad, back ~9 us (bench/NOTES.md v0.40). Capped to half the SMs, it leaves the sum
+# the other half as d_act ends: 400 / 449 / 512 -1.1 / -2.9 / -2.5 us, 600 / 700 unchanged (v0.49;
+# 44, 56, 76, 88 and 100 CTAs gained less or lost). "1" / "0" (A/B).
+SMALL_T_WD_HALF = os.environ.get("CUPY_MOE_SOL080_SMALL_T_WD_HALF", "1") != "0"
 # The dgrad's split-K pieces: "auto" none where grad_[Wg; Wu] follows the dgrad (SMALL_T_ORDER
 # "wgu-main"), else gemm.k_splits_for; "k": k_splits_for always; "1": never (A/B).
 DGRAD_SPLITS = os.environ.get("CUPY_MOE_SOL080_DGRAD_SPLITS", "auto")
@@ -273,6 +279,7 @@ class _Plan:
     tail_boxes: bool = True               # gemm.TAIL_BOXES (A/B: a graph per setting)
     k_tail_boxes: bool = True             # gemm.K_TAIL_BOXES (A/B: a graph per setting)
     router_queued: bool = False           # d_act on every SM, the router queued beside it (ROUTER_QUEUED)
+    small_t_wd_half: bool = True          # SMALL_T_WD_HALF (A/B: a graph per setting)
 
     @classmethod
     def of(cls, g, x, wr, wg, wu, wd, gate):
@@ -366,7 +373,7 @@ class _Plan:
                    band_rows=(gemm_module.BAND_ROWS, gemm_module.BAND_NARROW_ROWS), dgrad_wide=dgrad_wide,
                    router_min_blocks=ROUTER_MIN_BLOCKS, chunk_grids=CHUNK_GRIDS,
                    tail_boxes=gemm_module.TAIL_BOXES, k_tail_boxes=gemm_module.K_TAIL_BOXES,
-                   router_queued=router_queued)
+                   router_queued=router_queued, small_t_wd_half=SMALL_T_WD_HALF)
 
 
 _plans: dict = {}  # _Plan.of's key -> _Plan
@@ -507,9 +514,7 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
     side = Side.of(main, _SIDE_EVENTS) if CONCURRENT else None
     wgu_on_main = side is not None and plan.small_t_order == "wgu-main"
     if side is not None and plan.small_t_order:
-        free = device_sms() - _dgrad_ctas(inputs, plan)
-        if free >= _SMALL_T_MIN_FREE:
-            wd_grad["max_ctas"] = free
+        wd_grad["max_ctas"] = _small_t_wd_ctas(inputs, plan)
     if plan.swiglu_sms:
         wd_grad["max_ctas"] = device_sms() - plan.swiglu_sms
     router_kernel = lambda: _router_kernel(inputs, *_grl_at(inputs, ws, plan), check.kernel_args,
@@ -568,6 +573,15 @@ def _enqueue(inputs: _Inputs, outputs, ws: _Workspace, plan: _Plan, check) -> No
             side.join.record()
     if side:
         main.wait_event(side.join)
+
+
+def _small_t_wd_ctas(inputs: _Inputs, plan: _Plan) -> int:
+    """grad_Wd's CTAs beside the small-T dgrad (SMALL_T_ORDER; 0: one per SM): the SMs the dgrad
+    leaves, or half the SMs where it leaves fewer than _SMALL_T_MIN_FREE (SMALL_T_WD_HALF)."""
+    free = device_sms() - _dgrad_ctas(inputs, plan)
+    if free >= _SMALL_T_MIN_FREE:
+        return free
+    return device_sms() // 2 if plan.small_t_wd_half else 0
 
 
 def _dgrad_ctas(inputs: _Inputs, plan: _Plan) -> int:
