@@ -45,7 +45,8 @@ d_act reads no routing, so it does not wait for the verdict when the router runs
 grad_Wd; grad_Wd likewise.
 Elsewhere grad_Wd, which needs neither d_act nor the router, takes the SMs d_act's last round
 leaves, as grad_[Wg; Wu] beside the dgrad (at small T grad_[Wg; Wu] follows the dgrad on the main
-stream instead, the dgrad unsplit and grad_Wd on the SMs it leaves: SMALL_T_ORDER).
+stream instead, the dgrad unsplit and grad_Wd on the SMs it leaves, or on half the SMs where it
+leaves fewer than 16: SMALL_T_ORDER, SMALL_T_WD_HALF).
 From T = 3584 up to where grad_Wd goes first, d_act runs plain and the SwiGLU backward as its own
 kernel on a few SMs beside grad_Wd (SWIGLU_SMS), before the dgrad and grad_[Wg; Wu] read it. Where
 the fused d_act would take two rounds of the SMs (or one that leaves the router no room: 1409 ..
