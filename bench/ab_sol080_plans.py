@@ -12,7 +12,7 @@ d_act's and the dgrad's), rcluster=0|1 (router.SUM_IN_GEMM: the router wgrad's),
 (sol080.WD_PINGPONG), wgupp=auto|0|1 (sol080.WGU_PINGPONG), wdt=auto|0|1
 (sol080.WD_TRANSPOSED), sto=auto|cap|wgu-main|"" (sol080.SMALL_T_ORDER; sto= for none), wdf=auto|0|1 (sol080.WD_FIRST),
 dgs=auto|k|1 (sol080.DGRAD_SPLITS), dgw=auto|0|1 (sol080.DGRAD_WIDE), rmb=N (sol080.ROUTER_MIN_BLOCKS: the same bits), rsms=N (sol080._ROUTER_SMS: the fewest free SMs the router runs beside d_act on), sws=auto|N (sol080.SWIGLU_SMS), swst=N (the SwiGLU kernel's stages),
-ring=N (gemm.STORE_RING: the same bits), paired=0|1 (gemm.PAIRED_HALVES), chunks=0|1 (sol080.CHUNK_GRIDS: the same bits), rq=auto|0 (sol080.ROUTER_QUEUED), wdhalf=0|1 (sol080.SMALL_T_WD_HALF), wfull=0|1 (sol080.WIDE_FULL_ROUND), athird=0|1 (sol080.ACT_SPLIT_THIRD), tail=0|1 (gemm.TAIL_BOXES: the same bits), ktail=0|1 (gemm.K_TAIL_BOXES: the same bits), band=N (gemm.BAND_ROWS: the same bits), nband=N (gemm.BAND_NARROW_ROWS), gband=N (gemm.BAND_GROUPED_ROWS), cfg.FIELD=N (that Sm90Config field on every Hopper GEMM,
+ring=N (gemm.STORE_RING: the same bits), paired=0|1 (gemm.PAIRED_HALVES), chunks=0|1 (sol080.CHUNK_GRIDS: the same bits), rq=auto|0 (sol080.ROUTER_QUEUED), wdhalf=0|1 (sol080.SMALL_T_WD_HALF), wfull=0|1 (sol080.WIDE_FULL_ROUND), athird=0|1 (sol080.ACT_SPLIT_THIRD), tail=0|1 (gemm.TAIL_BOXES: the same bits), ktail=0|1 (gemm.K_TAIL_BOXES: the same bits), band=N (gemm.BAND_ROWS: the same bits), dgband=N (sol080.DGRAD_BAND: the dgrad's own bands, 0 gemm's; the same bits), nband=N (gemm.BAND_NARROW_ROWS), gband=N (gemm.BAND_GROUPED_ROWS), cfg.FIELD=N (that Sm90Config field on every Hopper GEMM,
 through gemm.CONFIG_OVERRIDE; e.g. cfg.PACKED_CONTRACT=0, the same bits);
 a knob a variant does not name keeps the library's value at start-up (bench/knobs.py), so "base"
 is the library's own plan, e.g.
@@ -54,6 +54,7 @@ def main():
         "even": Knob(sol080, "EVEN_ROUNDS", lambda v, _d: frozenset(filter(None, v.split("+")))),
         "claims": Knob(sol080, "CLAIMS", lambda v, _d: v.replace("+", ",")),
         "band": Knob(gemm, "BAND_ROWS", integer),
+        "dgband": Knob(sol080, "DGRAD_BAND", integer),
         "nband": Knob(gemm, "BAND_NARROW_ROWS", integer),
         "gband": Knob(gemm, "BAND_GROUPED_ROWS", integer),
         "wgrad": Knob(sol080, "WGRAD_AT", text),

@@ -249,6 +249,24 @@ def test_dgrad_takes_wide_tiles_where_they_fill_nine_tenths_of_the_sms(plan_of, 
     assert not plan_of(192).dgrad_wide  # split-K pieces keep their own tiles
 
 
+def test_dgrad_walks_its_rows_fastest_in_bands_of_64(plan_of, monkeypatch):
+    """The dgrad's tiles in bands of 64 row tiles (DGRAD_BAND; every row up to T = 8192), whichever
+    tile width it takes; a split-K launch keeps the plain order (gemm.band_rows); "0": gemm's
+    BAND_ROWS / BAND_NARROW_ROWS."""
+    from cupy_moe.gpu import gemm, sol080
+
+    assert [plan_of(T).dgrad_band for T in (192, 997, 3072, 8192)] == [64] * 4
+    wide, narrow = (gemm.Sm90Config.choose(m_tiles, H, 132, 0, False, A_KMAJOR=True, B_KMAJOR=False)
+                    for m_tiles in (64, 2))
+    assert (wide.BN, narrow.BN) == (256, 128)
+    assert gemm.band_rows(wide, 64) == gemm.band_rows(narrow, 64) == 64
+    assert (gemm.band_rows(wide), gemm.band_rows(narrow)) == (gemm.BAND_ROWS, gemm.BAND_NARROW_ROWS)
+    split = gemm.Sm90Config.choose(4, H, 132, 0, False, A_KMAJOR=True, B_KMAJOR=False, SPLIT_K=True)
+    assert gemm.band_rows(split, 64) == 1
+    monkeypatch.setattr(sol080, "DGRAD_BAND", 0)
+    assert plan_of(8192).dgrad_band == 0
+
+
 def test_small_t_order_reaches_only_split_plans(plan_of, monkeypatch):
     """CUPY_MOE_SOL080_SMALL_T_ORDER applies where d_act is split (T <= 512 here; "auto":
     "wgu-main", the dgrad then unsplit with DGRAD_SPLITS "auto"), and the dgrad's grid it caps

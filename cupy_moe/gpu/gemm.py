@@ -424,7 +424,7 @@ def prepare(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_km
             even_rounds: bool = False, wide: bool = False, sum_groups_and_halves: bool = False,
             f32_head: tuple | None = None, dynamic: bool | None = None,
             pingpong: bool | None = None, out_transposed: bool = False,
-            max_ctas: int = 0) -> "_Launch | None":
+            max_ctas: int = 0, band: int = 0) -> "_Launch | None":
     """The prepared launch of one GEMM (gemm() runs it), None where there is nothing to compute.
 
     grouping='m': rows are experts' segments group_offsets[g]:group_offsets[g+1] of m total rows,
@@ -470,6 +470,8 @@ def prepare(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_km
     tiles without padding.
     max_ctas > 0: the Hopper loop's persistent grid takes at most this many CTAs (SMs left to a
     kernel beside it from the start).
+    band > 0: this launch's bands of row tiles (Sm90Config.BAND_M, where its order takes bands:
+    band_rows) instead of BAND_ROWS, BAND_NARROW_ROWS or BAND_GROUPED_ROWS; the same bits.
 
     A launch's parameter block depends only on addresses and sizes, so it is built once per
     distinct call and replayed from a cache afterwards (repeated calls on the same buffers, as a
@@ -491,7 +493,7 @@ def prepare(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_km
            num_groups, c_group_stride, opt(gather_a), opt(gather_b), gather_div, engine, k_splits,
            cancel, even_rounds, wide, sum_groups_and_halves,
            None if f32_head is None else (_addr(f32_head[0]),) + tuple(f32_head[1:]), dynamic, pingpong,
-           out_transposed, max_ctas,
+           out_transposed, max_ctas, band,
            tuple((_addr(s.a), s.lda, _addr(s.b), s.ldb, s.k, s.b_group_stride, s.m) for s in segments),
            None if sw is None else tuple(opt(a) for a in (sw.gate, sw.up, sw.dg, sw.du, sw.act,
                                                          sw.weights, sw.row_index, sw.aw, sw.dw))
@@ -520,7 +522,8 @@ def prepare(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_km
         launch = _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping,
                           group_offsets, num_groups, c_group_stride, gather_a, gather_b,
                           gather_div, engine, sw, cancel, k_splits, even_rounds, wide,
-                          sum_groups_and_halves, f32_head, dynamic, pingpong, out_transposed, max_ctas)
+                          sum_groups_and_halves, f32_head, dynamic, pingpong, out_transposed, max_ctas,
+                          band)
         if len(_prepared) >= 1024:
             _prepared.clear()
         _prepared[key] = launch
@@ -580,7 +583,8 @@ class _Launch:
 def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, group_offsets,
              num_groups, c_group_stride, gather_a, gather_b, gather_div, engine, sw,
              cancel=None, k_splits=1, even_rounds=False, wide=False, halves=False,
-             f32_head=None, dynamic=None, pingpong=None, out_transposed=False, max_ctas=0) -> _Launch:
+             f32_head=None, dynamic=None, pingpong=None, out_transposed=False, max_ctas=0,
+             band=0) -> _Launch:
     p = GemmParams()
     p.cancel = cancel or 0
     for i, s in enumerate(segments):
@@ -616,7 +620,7 @@ def _prepare(m, n, segments, a_kmajor, b_kmajor, out, ldc, epilogue, grouping, g
         if why is None:
             return _prepare_sm90(p, segments, m, n, grouping, num_groups,
                                  dict(flags, ROW_SPLIT=f32_head is not None), k_splits, even_rounds,
-                                 wide, halves, dynamic, pingpong, max_ctas)
+                                 wide, halves, dynamic, pingpong, max_ctas, band)
         if engine == "sm90":
             raise ValueError(f"the sm90 GEMM does not apply: {why}")
     if sw is not None and (sw.contract_rounding or sw.ld_grad):
@@ -677,14 +681,14 @@ def _sm90_unsupported(m, n, segments, a_kmajor, b_kmajor, out, ldc, c_group_stri
     return None
 
 
-def band_rows(cfg: Sm90Config) -> int:
-    """Sm90Config.BAND_M for a config (BAND_ROWS, BAND_NARROW_ROWS, BAND_GROUPED_ROWS): unsplit
-    tiles in the columns-fastest order only, and not where a static order is rotated to spread a
-    segment's heavy first rows (SEG_ROWS without claims: _heavy_tiles_rotation counts those rows'
-    tiles first)."""
+def band_rows(cfg: Sm90Config, band: int = 0) -> int:
+    """Sm90Config.BAND_M for a config (band > 0, a launch's own, or BAND_ROWS, BAND_NARROW_ROWS,
+    BAND_GROUPED_ROWS): unsplit tiles in the columns-fastest order only, and not where a static
+    order is rotated to spread a segment's heavy first rows (SEG_ROWS without claims:
+    _heavy_tiles_rotation counts those rows' tiles first)."""
     if cfg.SPLIT_K or cfg.SPLIT_CLUSTER or cfg.M_FASTEST or cfg.SEG_ROWS and not cfg.DYNAMIC:
         return 1
-    return BAND_GROUPED_ROWS if cfg.GROUPING else BAND_ROWS if cfg.BN == 256 else BAND_NARROW_ROWS
+    return band or (BAND_GROUPED_ROWS if cfg.GROUPING else BAND_ROWS if cfg.BN == 256 else BAND_NARROW_ROWS)
 
 
 def even_round_ctas(tiles: int, sms: int) -> int:
@@ -695,7 +699,7 @@ def even_round_ctas(tiles: int, sms: int) -> int:
 
 def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
                   even_rounds=False, wide=False, halves=False, dynamic=None, pingpong=None,
-                  max_ctas=0) -> _Launch:
+                  max_ctas=0, band=0) -> _Launch:
     sms = device_sms()
     m_tiles = cdiv(m, Sm90Config.BM) + (num_groups if grouping == "m" else 0)
     c_rows = m - p.c2_rows  # the bf16 result's rows (all of them without a row split)
@@ -731,7 +735,7 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
     cfg = Sm90Config.choose(m_tiles * k_splits, n, sms, num_groups if grouping == "m" else 0,
                             pingpong, wide=wide and not staged and not cluster, C_TMA=c_tma,
                             E_STAGED=staged, SPLIT_K=k_splits > 1, SPLIT_CLUSTER=cluster, **flags)
-    cfg = dataclasses.replace(cfg, BAND_M=band_rows(cfg))
+    cfg = dataclasses.replace(cfg, BAND_M=band_rows(cfg, band))
     if CONFIG_OVERRIDE:
         cfg = dataclasses.replace(cfg, **CONFIG_OVERRIDE)
     P = GemmSm90Params()
@@ -998,7 +1002,12 @@ def example_sm90_configs():
                                  K_TAIL=True))
     out.append(Sm90Config.choose(22, 4096, 132, 0, False, A_KMAJOR=False, B_KMAJOR=False, C_TMA=True,
                                  DYNAMIC=True, K_TAIL=True))
-    return [dataclasses.replace(cfg, BAND_M=band_rows(cfg)) for cfg in out]  # as _prepare_sm90 sets it
+    out = [dataclasses.replace(cfg, BAND_M=band_rows(cfg)) for cfg in out]  # as _prepare_sm90 sets it
+    # SOL-080's dgrad in bands of 64 row tiles (sol080.DGRAD_BAND): 128 x 256 and 128 x 128 tiles.
+    for m_tiles, n in ((64, 4096), (3, 4096)):
+        cfg = Sm90Config.choose(m_tiles, n, 132, 0, False, A_KMAJOR=True, B_KMAJOR=False, C_TMA=True)
+        out.append(dataclasses.replace(cfg, BAND_M=band_rows(cfg, 64)))
+    return out
 
 
 settings.watch(__name__)  # (gpu/sol080.py keeps its plans until a setting changes)

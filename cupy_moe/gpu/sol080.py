@@ -214,6 +214,14 @@ CHUNK_GRIDS = os.environ.get("CUPY_MOE_SOL080_CHUNK_GRIDS", "1") != "0"
 # 641 -10.3, 700 -12.6, 768 -12.5 us; with 4 row tiles the pieces still win (450 +1.7, 512
 # +2.5 unsplit), with 3 by far (293 +14, 384 +16; bench/NOTES.md v0.44). "0": k_splits_for's (A/B).
 ACT_SPLIT_THIRD = os.environ.get("CUPY_MOE_SOL080_ACT_SPLIT_THIRD", "1") != "0"
+# The dgrad's tiles in bands of this many row tiles (gemm(band); each band's columns in turn, its
+# rows fastest), instead of gemm.BAND_ROWS (4, 128 x 256 tiles) or none (128 x 128): 64 is every
+# row up to T = 8192, so the CTAs running together share a column block of [Wu; Wg; Wr], the
+# larger operand up to T = 4096 (24 MB), and sweep the activations' rows. Bands of 16 / 32 / 64
+# against the library's in three A/Bs: -0.5..-1.6 us on the mean, 64 best (192 / 293 / 384 -0.6
+# / -0.6 / -1.9, 1321 -1.1, 3072 -1.9, 6144 -3..-5; bench/NOTES.md v0.50); the same bits. "0":
+# gemm's (A/B).
+DGRAD_BAND = int(os.environ.get("CUPY_MOE_SOL080_DGRAD_BAND", "64"))
 _SIDE_EVENTS = ("fork", "d_act_done", "router_done", "join")  # the side stream's (streams.Side)
 
 
@@ -281,6 +289,7 @@ class _Plan:
     k_tail_boxes: bool = True             # gemm.K_TAIL_BOXES (A/B: a graph per setting)
     router_queued: bool = False           # d_act on every SM, the router queued beside it (ROUTER_QUEUED)
     small_t_wd_half: bool = True          # SMALL_T_WD_HALF (A/B: a graph per setting)
+    dgrad_band: int = 0                   # the dgrad's bands of row tiles (DGRAD_BAND; 0: gemm's)
 
     @classmethod
     def of(cls, g, x, wr, wg, wu, wd, gate):
@@ -374,7 +383,8 @@ class _Plan:
                    band_rows=(gemm_module.BAND_ROWS, gemm_module.BAND_NARROW_ROWS), dgrad_wide=dgrad_wide,
                    router_min_blocks=ROUTER_MIN_BLOCKS, chunk_grids=CHUNK_GRIDS,
                    tail_boxes=gemm_module.TAIL_BOXES, k_tail_boxes=gemm_module.K_TAIL_BOXES,
-                   router_queued=router_queued, small_t_wd_half=SMALL_T_WD_HALF)
+                   router_queued=router_queued, small_t_wd_half=SMALL_T_WD_HALF,
+                   dgrad_band=DGRAD_BAND)
 
 
 _plans: dict = {}  # _Plan.of's key -> _Plan
@@ -749,7 +759,8 @@ def _dgrad_gemm(inputs: _Inputs, grad_h, ws: _Workspace, plan: _Plan) -> dict:
     T, H = grad_h.shape
     hi, hi_ld, _ = _grl_at(inputs, ws, plan)
     segments = _Acts.of(inputs).dgrad_segments(ws.acts, hi, hi_ld, inputs.wu, inputs.wg, inputs.wr, H)
-    common = dict(m=T, n=H, segments=segments, a_kmajor=True, b_kmajor=False, ldc=H, wide=plan.dgrad_wide)
+    common = dict(m=T, n=H, segments=segments, a_kmajor=True, b_kmajor=False, ldc=H, wide=plan.dgrad_wide,
+                  band=plan.dgrad_band)
     if plan.dgrad_splits == 1 or plan.split_cluster:  # split: the pieces summed in the GEMM
         return dict(common, out=grad_h, k_splits=plan.dgrad_splits)
     return dict(common, out=ws.dgrad_pieces, epilogue="f32", k_splits=plan.dgrad_splits,
