@@ -217,10 +217,10 @@ ACT_SPLIT_THIRD = os.environ.get("CUPY_MOE_SOL080_ACT_SPLIT_THIRD", "1") != "0"
 # The dgrad's tiles in bands of this many row tiles (gemm(band); each band's columns in turn, its
 # rows fastest), instead of gemm.BAND_ROWS (4, 128 x 256 tiles) or none (128 x 128): 64 is every
 # row up to T = 8192, so the CTAs running together share a column block of [Wu; Wg; Wr], the
-# larger operand up to T = 4096 (24 MB), and sweep the activations' rows. Bands of 16 / 32 / 64
-# against the library's in three A/Bs: -0.5..-1.6 us on the mean, 64 best (192 / 293 / 384 -0.6
-# / -0.6 / -1.9, 1321 -1.1, 3072 -1.9, 6144 -3..-5; bench/NOTES.md v0.50); the same bits. "0":
-# gemm's (A/B).
+# larger operand up to T = 4096 (24 MB), and sweep the activations' rows. Bands of 8 / 16 / 32 /
+# 64 against the library's in four A/Bs: -0.2..-0.8 us on the mean leaving out T = 8192 (+-15 us
+# of noise there); steadily 3072 -1.5..-2.3, 1321 -0.6..-1.1, 192 / 211 / 293 / 512 -0.3..-1.9
+# (bench/NOTES.md v0.50); the same bits. "0": gemm's (A/B).
 DGRAD_BAND = int(os.environ.get("CUPY_MOE_SOL080_DGRAD_BAND", "64"))
 _SIDE_EVENTS = ("fork", "d_act_done", "router_done", "join")  # the side stream's (streams.Side)
 
