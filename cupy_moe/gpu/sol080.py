@@ -11,7 +11,7 @@ it on the main stream: DGRAD_SPLITS).
 
 The contract's three dgrad products (d_up Wu, d_gate Wg, bf16(grl) Wr) run as one GEMM over the
 concatenated reduction, accumulated in fp32 and rounded once (within the pass rule; the contract
-rounds each to bf16 first).
+rounds each to bf16 first), its tiles walked rows fastest (DGRAD_BAND).
 
 The router weight gradient (step 11, fp32 products: grl = hi + lo, two bf16 halves) and the two
 weight gradients that reduce over the same x run as one GEMM: one workspace row per token holds
