@@ -567,11 +567,13 @@ def test_store_ring_gives_the_same_bits(case, monkeypatch):
 
 @pytest.mark.parametrize("case", ["dense", "dense-128", "m-grouped", "m-one-group", "k-grouped", "k-transposed"])
 def test_band_orders_give_the_same_bits(case, monkeypatch):
-    """Tiles walked in bands of row tiles (gemm.BAND_ROWS, BAND_GROUPED_ROWS: Sm90Config.BAND_M)
-    are each computed whole, in the same order of operations, so the results are bitwise those of
-    the plain order, static or claimed, every element written, against NumPy too: bands of 4 and
-    of 3 (a narrower last band), 128 x 256 and 128 x 128 dense tiles, M-grouped with empty groups
-    or all rows in one, K-grouped with an empty group (bands within each group), transposed."""
+    """Tiles walked in bands of row tiles (gemm.BAND_ROWS, BAND_GROUPED_ROWS: Sm90Config.BAND_M,
+    or a launch's own: gemm(band), as SOL-080's dgrad takes them) are each computed whole, in the
+    same order of operations, so the results are bitwise those of the plain order, static or
+    claimed, every element written, against NumPy too: bands of 4 and of 3 (a narrower last band),
+    a launch's 64 (every row: rows fastest) and 5, 128 x 256 and 128 x 128 dense tiles, M-grouped
+    with empty groups or all rows in one, K-grouped with an empty group (bands within each group),
+    transposed."""
     from cupy_moe.gpu import gemm as G
 
     ref, kw, out = _store_path_problem(np.random.default_rng(43), "dense" if case == "dense-128" else case,
@@ -580,7 +582,7 @@ def test_band_orders_give_the_same_bits(case, monkeypatch):
     band_rows = G.band_rows
     monkeypatch.setattr(G, "band_rows", lambda cfg, band=0: bands.append(band_rows(cfg, band)) or bands[-1])
     results = []
-    for band in (1, 4, 3):
+    for band, launch_band in ((1, 0), (4, 0), (3, 0), (3, 64), (3, 5)):
         for dynamic in ("none", "all"):
             monkeypatch.setattr(G, "BAND_ROWS", band)
             monkeypatch.setattr(G, "BAND_NARROW_ROWS", band)
@@ -588,38 +590,9 @@ def test_band_orders_give_the_same_bits(case, monkeypatch):
             monkeypatch.setattr(G, "DYNAMIC_TILES", dynamic)
             G._prepared.clear()
             out.fill(np.nan)
-            G.gemm(engine="sm90", **kw)
+            G.gemm(engine="sm90", band=launch_band, **kw)
             results.append(out.get())
-    assert bands == [1, 1, 4, 4, 3, 3]
-    assert not np.isnan(results[0].astype(np.float32)).any()
-    for r in results[1:]:
-        np.testing.assert_array_equal(results[0].view(np.uint16), r.view(np.uint16))
-    assert relative_error(results[0].astype(np.float32), ref) < 1e-2
-
-
-@pytest.mark.parametrize("case", ["dense", "dense-128"])
-def test_a_launch_band_gives_the_same_bits(case, monkeypatch):
-    """gemm(band=N), one launch's bands of row tiles (SOL-080's dgrad: sol080.DGRAD_BAND), takes
-    N where the order has bands (band_rows) and gives the bits of the library's bands, static or
-    claimed: 128 x 256 and 128 x 128 tiles, 33 row tiles, so bands of 32 leave a band of one row
-    and bands of 64 hold all rows (rows fastest)."""
-    from cupy_moe.gpu import gemm as G
-
-    ref, kw, out = _store_path_problem(np.random.default_rng(47), "dense",
-                                       dense=(4099, 136 if case == "dense-128" else 1280, 200))
-    taken = []
-    band_rows = G.band_rows
-    monkeypatch.setattr(G, "band_rows", lambda cfg, band=0: taken.append(band_rows(cfg, band)) or taken[-1])
-    results = []
-    for band in (0, 32, 64, 5):
-        for dynamic in ("none", "all"):
-            monkeypatch.setattr(G, "DYNAMIC_TILES", dynamic)
-            G._prepared.clear()
-            out.fill(np.nan)
-            G.gemm(engine="sm90", band=band, **kw)
-            results.append(out.get())
-    default = G.BAND_ROWS if case == "dense" else G.BAND_NARROW_ROWS
-    assert taken == [default, default, 32, 32, 64, 64, 5, 5]
+    assert bands == [1, 1, 4, 4, 3, 3, 64, 64, 5, 5]
     assert not np.isnan(results[0].astype(np.float32)).any()
     for r in results[1:]:
         np.testing.assert_array_equal(results[0].view(np.uint16), r.view(np.uint16))
