@@ -79,6 +79,7 @@ def main():
         "rsms": Knob(sol080, "_ROUTER_SMS", integer),
         "swst": Knob(sol080, "_SWIGLU_STAGES", integer),
         "ring": Knob(gemm, "STORE_RING", integer),
+        "ppring": Knob(gemm, "PINGPONG_STORE_RING", integer),
         "wdhalf": Knob(sol080, "SMALL_T_WD_HALF", flag),
         "paired": Knob(gemm, "PAIRED_HALVES", flag),
         "chunks": Knob(sol080, "CHUNK_GRIDS", flag),

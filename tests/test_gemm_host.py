@@ -153,6 +153,23 @@ def test_every_chosen_config_fits_shared_memory(pingpong):
                     assert cfg.smem_bytes(table) <= G.Sm90Config.SMEM_LIMIT, (cfg, table)
 
 
+def test_pingpong_tma_store_tiles_take_a_sixth_stage_through_a_store_ring(monkeypatch):
+    """Ping-pong 128 x 128 tiles with bf16 TMA stores stage their results through a ring of two
+    64 x 64 units per warpgroup (PINGPONG_STORE_RING), which leaves room for a 6th stage; narrow
+    (64-wide) tiles, fp32 results (no TMA stores) and PINGPONG_STORE_RING = 0 keep whole-tile
+    staging."""
+    for grouping in (0, 2):
+        cfg = G.Sm90Config.choose(30, 4096, 132, 0, True, GROUPING=grouping, C_TMA=True,
+                                  A_KMAJOR=False, B_KMAJOR=False)
+        assert (cfg.BN, cfg.PINGPONG, cfg.STORE_RING, cfg.STAGES) == (128, True, 2, 6), cfg
+        assert cfg.smem_bytes(0) <= G.Sm90Config.SMEM_LIMIT
+    assert G.Sm90Config.choose(30, 64, 132, 0, True, C_TMA=True).STORE_RING == 0
+    assert G.Sm90Config.choose(30, 4096, 132, 0, True, C_TMA=False).STORE_RING == 0
+    monkeypatch.setattr(G, "PINGPONG_STORE_RING", 0)
+    cfg = G.Sm90Config.choose(30, 4096, 132, 0, True, C_TMA=True)
+    assert (cfg.STORE_RING, cfg.STAGES) == (0, 5), cfg
+
+
 def test_wide_tma_store_tiles_keep_four_stages_through_a_store_ring(monkeypatch):
     """Cooperative 128 x 256 tiles with bf16 TMA stores stage their results through a ring of
     two 64 x 64 units per warpgroup, which leaves room for a 4th stage (with 256 experts'

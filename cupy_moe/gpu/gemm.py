@@ -40,6 +40,15 @@ STAGED_EPILOGUE = os.environ.get("CUPY_MOE_STAGED_EPILOGUE", "1") != "0"
 STORE_RING = int(os.environ.get("CUPY_MOE_STORE_RING", "2"))
 if STORE_RING not in (0, 2):
     raise ValueError(f"CUPY_MOE_STORE_RING: expected 0 or 2, got {STORE_RING}")
+# The same for ping-pong 128 x 128 tiles (each warpgroup stages its whole tile, 32 KB, else): 2
+# units of 64 x 64 a warpgroup, which frees a 6th stage. SOL-080's short-K weight gradients alone
+# ([2816 x K] x [K x 4096]): K = 384 / 512 -0.7..-1.0 us (-4%), K = 64 / 192 within +-0.4; the
+# call (grad_Wd ping-pong up to T = 4096, grad_[Wg; Wu] up to 512) -0.5 / -0.7 us on the mean in
+# two A/Bs (3072 / 3089 / 4093 -0.9..-1.7, 192 +0.9..+1.2); the same bits (bench/NOTES.md v0.51).
+# CUPY_MOE_PINGPONG_STORE_RING = 2 | 0 (A/B).
+PINGPONG_STORE_RING = int(os.environ.get("CUPY_MOE_PINGPONG_STORE_RING", "2"))
+if PINGPONG_STORE_RING not in (0, 2):
+    raise ValueError(f"CUPY_MOE_PINGPONG_STORE_RING: expected 0 or 2, got {PINGPONG_STORE_RING}")
 # Benchmarks only: Sm90Config fields forced onto every Hopper config choose() makes (tile studies;
 # the caller keeps the result within shared memory). Empty in normal use.
 CONFIG_OVERRIDE: dict = {}
@@ -297,10 +306,11 @@ class Sm90Config:
         where wide_tiles_pay and every SM still gets a tile, 64 for narrow outputs, else 128.
         Ping-pong: BN 64 for narrow outputs, else 128 (a warpgroup holds the whole 128 x BN
         accumulator). STAGES: as many as fit, at most 8 (ping-pong) or 4 / 6 / 8 by BN, one
-        fewer with TMA stores unless they go through a store ring (STORE_RING, at BN 256)."""
+        fewer with TMA stores unless they go through a store ring (STORE_RING at cooperative BN
+        256, PINGPONG_STORE_RING at ping-pong BN 128)."""
         if pingpong:
             bn = 64 if n <= 64 else 128
-            most, ring = 8, 0
+            most, ring = 8, PINGPONG_STORE_RING if flags.get("C_TMA", False) and bn == 128 else 0
         else:
             if flags.get("E_STAGED") or flags.get("SPLIT_CLUSTER"):
                 bn = 128
@@ -486,7 +496,8 @@ def prepare(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_km
 
     opt = lambda a: 0 if a is None else _addr(a)
     sw = swiglu if epilogue == "swiglu_backward" else None
-    key = (cupy.cuda.Device().id, PINGPONG, STAGED_EPILOGUE, DYNAMIC_TILES, STORE_RING, F32_TMA, PAIRED_HALVES,
+    key = (cupy.cuda.Device().id, PINGPONG, STAGED_EPILOGUE, DYNAMIC_TILES, STORE_RING, PINGPONG_STORE_RING,
+           F32_TMA, PAIRED_HALVES,
            BAND_ROWS, BAND_NARROW_ROWS, BAND_GROUPED_ROWS, TAIL_BOXES, K_TAIL_BOXES,
            tuple(sorted(CONFIG_OVERRIDE.items())),
            m, n, a_kmajor, b_kmajor, opt(out), ldc, epilogue, grouping, opt(group_offsets),

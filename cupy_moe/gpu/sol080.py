@@ -281,6 +281,7 @@ class _Plan:
     wd_first: bool = False                # grad_Wd first with the router beside it (WD_FIRST)
     swiglu_sms: int = 0                   # SMs of the elementwise SwiGLU beside grad_Wd (SWIGLU_SMS)
     store_ring: int = 0                   # gemm.STORE_RING (A/B: a graph per setting)
+    pingpong_ring: int = 0                # gemm.PINGPONG_STORE_RING (A/B: a graph per setting)
     band_rows: tuple = ()                 # gemm.BAND_ROWS, BAND_NARROW_ROWS (A/B: a graph per setting)
     dgrad_wide: bool = False              # the unsplit dgrad in 128 x 256 tiles (DGRAD_WIDE)
     router_min_blocks: int = 6            # ROUTER_MIN_BLOCKS (A/B: a graph per setting; _router_kernel)
@@ -379,7 +380,7 @@ class _Plan:
                    wgu_pingpong=_knob(WGU_PINGPONG, T <= _WGU_PINGPONG_MAX_T),
                    wd_transposed=_knob(WD_TRANSPOSED, wide_mid),
                    small_t_order=small_t_order, wd_first=wd_first, swiglu_sms=swiglu_sms,
-                   store_ring=gemm_module.STORE_RING,
+                   store_ring=gemm_module.STORE_RING, pingpong_ring=gemm_module.PINGPONG_STORE_RING,
                    band_rows=(gemm_module.BAND_ROWS, gemm_module.BAND_NARROW_ROWS), dgrad_wide=dgrad_wide,
                    router_min_blocks=ROUTER_MIN_BLOCKS, chunk_grids=CHUNK_GRIDS,
                    tail_boxes=gemm_module.TAIL_BOXES, k_tail_boxes=gemm_module.K_TAIL_BOXES,
