@@ -13,6 +13,7 @@ small+=' or test_gather_rows or test_routing_sort and -7- or (test_weight_gradie
 small+=' or (test_single_rank_group_is_bitwise_one_gpu and random) or (test_swiglu_beside_small_shapes and 1100)'
 small+=' or test_side_by_side_equals or (test_shared_weight_gradients_side_by_side and 333)'
 small+=' or (test_f32_tma_stores_give_the_same_bits and (dense-64 or k-grouped))'
+small+=' or (test_pingpong_store_ring_gives_the_same_bits and k-grouped)'
 status=0
 for tool in ${tools[@]}; do
   log=${OUT:-/tmp}/sanitize-$tool.log
