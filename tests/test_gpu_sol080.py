@@ -227,6 +227,10 @@ def test_a_kept_graph_outlives_the_check_buffers_dropped_after_many_streams():
 
     graphs.clear()
     a = {k: cp.asarray(v) for k, v in make_sol080_inputs(300, 256, 136, 16, 4, seed=8).items()}
+    # The inputs' copies run on the legacy stream, asynchronously to the host (pinned staging),
+    # and a non-blocking stream does not wait for it: without this, the first calls can read
+    # them half-written (the router then reports a row whose indices read back fine).
+    cp.cuda.Device().synchronize()
     first = cp.cuda.Stream(non_blocking=True)
     with first:
         want = [o.get() for o in cupy_moe.sol080_backward(**a)]  # eager
@@ -242,8 +246,11 @@ def test_a_kept_graph_outlives_the_check_buffers_dropped_after_many_streams():
     assert (cp.cuda.Device().id, first.ptr) not in routing._check_state
     with first:
         for _ in range(3):  # eager (a new key), captured, replayed
-            for got, w in zip(cupy_moe.sol080_backward(**a), want):
-                np.testing.assert_array_equal(got.get(), w)
+            # Host copies only: an output kept alive into the next call would move that call's
+            # outputs to new addresses, i.e. a new key, and nothing would replay.
+            got = [o.get() for o in cupy_moe.sol080_backward(**a)]
+            for g, w in zip(got, want):
+                np.testing.assert_array_equal(g, w)
         fresh = routing._check_state[(cp.cuda.Device().id, first.ptr)]
     assert fresh is not kept and fresh.scratch.data.ptr != kept.scratch.data.ptr
     assert graphs.stats["replayed"]
