@@ -143,10 +143,48 @@ def load_module(entry: str, prelude: str = ""):
 
     if os.environ.get("CUPY_MOE_TRACE") == "1":
         prelude = TRACE_DEFINE + prelude
+    watchdog = os.environ.get("CUPY_MOE_WATCHDOG") == "1"
+    if watchdog:
+        prelude = WATCHDOG_DEFINE + prelude
     dev = cupy.cuda.Device()
     k = (dev.id, entry, prelude)
     mod = _modules.get(k)
     if mod is None:
         path, _ = compile_entry(entry, prelude, target_arch(dev.compute_capability))
         mod = _modules[k] = cupy.RawModule(path=str(path))
+        if watchdog:
+            _point_watchdog(mod)
     return mod
+
+
+WATCHDOG_DEFINE = "#define CUPY_MOE_WATCHDOG 1\n"
+WATCHDOG_RECORDS = 1024  # 24-byte records (cuda_src/common/hopper.cuh), [0] the count
+
+
+@lru_cache(maxsize=1)
+def watchdog_records():
+    """The host-mapped buffer every CUPY_MOE_WATCHDOG=1 module writes its stuck waits into: a
+    NumPy view that a host thread can read while a kernel hangs (bench/NOTES.md v0.53)."""
+    import cupy
+    import numpy as np
+
+    mem = cupy.cuda.alloc_pinned_memory(WATCHDOG_RECORDS * 24)
+    dtype = np.dtype([("block", "<u4"), ("thread", "<u4"), ("bar", "<u4"), ("parity", "<u4"), ("state", "<u8")])
+    view = np.frombuffer(mem, dtype, WATCHDOG_RECORDS)
+    view[:] = 0
+    watchdog_records.mem = mem  # (kept alive with the view)
+    return view
+
+
+def _point_watchdog(mod):
+    import cupy
+    import numpy as np
+
+    try:
+        ptr = mod.get_global("cupy_moe_watchdog_out")
+    except cupy.cuda.driver.CUDADriverError:  # (an entry without hopper.cuh)
+        return
+    # Pinned memory is mapped at its host address under unified addressing.
+    addr = watchdog_records().ctypes.data
+    ptr.copy_from_host(np.array([addr], np.uint64).ctypes.data, 8)
+    cupy.cuda.Device().synchronize()

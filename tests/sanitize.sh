@@ -13,17 +13,16 @@ small+=' or test_gather_rows or test_routing_sort and -7- or (test_weight_gradie
 small+=' or (test_single_rank_group_is_bitwise_one_gpu and random) or (test_swiglu_beside_small_shapes and 1100)'
 small+=' or test_side_by_side_equals or (test_shared_weight_gradients_side_by_side and 333)'
 small+=' or (test_f32_tma_stores_give_the_same_bits and (dense-64 or k-grouped))'
-small+=' or (test_pingpong_store_ring_gives_the_same_bits and dense)'
-# K-grouped ping-pong at 2816 x 1408 x 5 groups does not finish under memcheck (200 s, the ring on
-# or off; small K-grouped ping-pong and dense ping-pong do): the other three tools run it.
-heavy=' or (test_pingpong_store_ring_gives_the_same_bits and k-grouped)'
+# (K-grouped ping-pong with an empty group: memcheck's uneven warp timing found a lost turn
+# there, a real hang, bench/NOTES.md v0.53)
+small+=' or (test_pingpong_store_ring_gives_the_same_bits and (dense or k-grouped))'
 status=0
 for tool in ${tools[@]}; do
   log=${OUT:-/tmp}/sanitize-$tool.log
   timeout "${SANITIZE_TIMEOUT:-600}" compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
     python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu_gemm.py tests/test_gpu_layer.py \
     tests/test_gpu_sol080.py tests/test_gpu_routing.py tests/test_gpu_elementwise.py tests/test_gpu_router.py tests/test_gpu_parallel.py tests/test_gpu_side_by_side.py \
-    -k "$small$([ "$tool" = memcheck ] || echo "$heavy")" >"$log" 2>&1
+    -k "$small" >"$log" 2>&1
   rc=$?
   echo "$tool: exit $rc; $(grep -E 'ERROR SUMMARY|passed|failed' "$log" | tail -2 | tr '\n' ' ')"
   [ $rc -eq 0 ] || status=1

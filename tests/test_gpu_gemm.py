@@ -540,54 +540,45 @@ def _store_path_problem(rng, case, dense=(4099, 1280, 200), k_groups=(5, 1001, 0
     return ref, kw, out
 
 
-@pytest.mark.parametrize("case", ["dense", "m-grouped", "m-one-group", "k-grouped", "k-transposed"])
-def test_store_ring_gives_the_same_bits(case, monkeypatch):
-    """128 x 256 tiles staged through a ring of two units per warpgroup (gemm.STORE_RING = 2, 4
-    stages) store what whole-tile staging does (STORE_RING = 0, 3 stages), bit for bit, every
-    element written, against NumPy too: dense, M-grouped with empty groups or all rows in one
-    group (tiles that straddle a group's end store from registers), K-grouped with empty groups,
-    and the transposed result."""
+def _check_store_ring(monkeypatch, knob, case, seed, expected, **gemm_kw):
+    """Runs one store-path problem with the ring knob `knob` at 0 (whole-tile staging) and at 2
+    (a ring of two units per warpgroup), the output poisoned with NaN before each run; checks
+    the configs choose() took ((BN, PINGPONG, C_TMA, STORE_RING, STAGES) for each run), that every
+    element is written, that the ring's bits are whole-tile staging's, and the result against NumPy."""
     from cupy_moe.gpu import gemm as G
 
-    # (dense: enough 128 x 256 tiles for every SM, so choose() takes them)
-    ref, kw, out = _store_path_problem(np.random.default_rng(31), case)
+    ref, kw, out = _store_path_problem(np.random.default_rng(seed), case)
     chosen = _record_choices(monkeypatch, G)
     results = []
     for ring in (0, 2):
-        monkeypatch.setattr(G, "STORE_RING", ring)
+        monkeypatch.setattr(G, knob, ring)
         G._prepared.clear()  # (a launch prepared for the same addresses would skip choose())
         out.fill(np.nan)
-        G.gemm(engine="sm90", **kw)
+        G.gemm(engine="sm90", **gemm_kw, **kw)
         results.append(out.get())
-    assert [(c.BN, c.C_TMA, c.STORE_RING, c.STAGES) for c in chosen] == [(256, True, 0, 3), (256, True, 2, 4)]
+    assert [(c.BN, c.PINGPONG, c.C_TMA, c.STORE_RING, c.STAGES) for c in chosen] == expected
     assert not np.isnan(results[1].astype(np.float32)).any()
     np.testing.assert_array_equal(results[0].view(np.uint16), results[1].view(np.uint16))
     assert relative_error(results[1].astype(np.float32), ref) < 1e-2
+
+
+@pytest.mark.parametrize("case", ["dense", "m-grouped", "m-one-group", "k-grouped", "k-transposed"])
+def test_store_ring_gives_the_same_bits(case, monkeypatch):
+    """128 x 256 tiles staged through a ring (gemm.STORE_RING = 2, 4 stages) store what whole-tile
+    staging does (0, 3 stages): dense, M-grouped with empty groups or all rows in one group (tiles
+    that straddle a group's end store from registers), K-grouped with an empty group, and the
+    transposed result. (dense: enough 128 x 256 tiles for every SM, so choose() takes them.)"""
+    _check_store_ring(monkeypatch, "STORE_RING", case, 31, [(256, False, True, 0, 3), (256, False, True, 2, 4)])
 
 
 @pytest.mark.parametrize("case", ["dense", "k-grouped", "k-transposed"])
 def test_pingpong_store_ring_gives_the_same_bits(case, monkeypatch):
-    """Ping-pong 128 x 128 tiles staged through a ring of two units per warpgroup
-    (gemm.PINGPONG_STORE_RING = 2, 6 stages) store what whole-tile staging does (0, 5 stages),
-    bit for bit, every element written, against NumPy too: dense with a short reduction that is no
-    multiple of 64 (as SOL-080's K = T weight gradients at small T), K-grouped with an empty
-    group, and the transposed result."""
-    from cupy_moe.gpu import gemm as G
-
-    ref, kw, out = _store_path_problem(np.random.default_rng(37), case)
-    chosen = _record_choices(monkeypatch, G)
-    results = []
-    for ring in (0, 2):
-        monkeypatch.setattr(G, "PINGPONG_STORE_RING", ring)
-        G._prepared.clear()  # (a launch prepared for the same addresses would skip choose())
-        out.fill(np.nan)
-        G.gemm(engine="sm90", pingpong=True, **kw)
-        results.append(out.get())
-    assert [(c.BN, c.PINGPONG, c.C_TMA, c.STORE_RING, c.STAGES) for c in chosen] == [
-        (128, True, True, 0, 5), (128, True, True, 2, 6)]
-    assert not np.isnan(results[1].astype(np.float32)).any()
-    np.testing.assert_array_equal(results[0].view(np.uint16), results[1].view(np.uint16))
-    assert relative_error(results[1].astype(np.float32), ref) < 1e-2
+    """Ping-pong 128 x 128 tiles through a ring (gemm.PINGPONG_STORE_RING = 2, 6 stages) store
+    what whole-tile staging does (0, 5 stages): dense with a short reduction that is no multiple of
+    64 (as SOL-080's K = T weight gradients at small T), K-grouped with an empty group, and the
+    transposed result."""
+    _check_store_ring(monkeypatch, "PINGPONG_STORE_RING", case, 37, [(128, True, True, 0, 5), (128, True, True, 2, 6)],
+                      pingpong=True)
 
 
 @pytest.mark.parametrize("case", ["dense", "dense-128", "m-grouped", "m-one-group", "k-grouped", "k-transposed"])

@@ -39,10 +39,43 @@ __device__ __forceinline__ bool mbar_try_wait(u32 bar, u32 parity) {
                " selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
   return done != 0;
 }
+#ifdef CUPY_MOE_WATCHDOG
+// A hang finder, compiled in only when the prelude defines CUPY_MOE_WATCHDOG (cupy_moe/_build.py
+// adds it for CUPY_MOE_WATCHDOG=1): a wait that has spun for 2^31 cycles (~1.3 s) records who waits
+// on which barrier into host-mapped memory (cupy_moe_watchdog_out, set by load_module) and goes on
+// waiting, so the host can read the records while the kernel hangs (bench/NOTES.md v0.53).
+struct WatchdogRecord {
+  u32 block, thread, bar, parity;
+  u64 state;  // the barrier's 64-bit word as the waiter last saw it
+};
+__device__ WatchdogRecord* cupy_moe_watchdog_out;  // records from [1]
+__device__ unsigned int cupy_moe_watchdog_count;   // (the atomic in device memory: PCIe may lack them)
+__device__ __forceinline__ void watchdog_record(u32 bar, u32 parity) {
+  WatchdogRecord* out = cupy_moe_watchdog_out;
+  if (out == nullptr) return;
+  const u32 n = atomicAdd(&cupy_moe_watchdog_count, 1u) + 1;
+  if (n >= 1024) return;
+  u64 state;
+  asm volatile("ld.shared.b64 %0, [%1];" : "=l"(state) : "r"(bar) : "memory");
+  out[n] = WatchdogRecord{blockIdx.x, threadIdx.x, bar, parity | 0x100u, state};  // (0x100: written)
+  __threadfence_system();
+}
+#endif
 // Waits until the barrier's phase with this parity has completed.
 __device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
   const u32 a = smem_addr(bar);
+#ifdef CUPY_MOE_WATCHDOG
+  const long long t0 = clock64();
+  bool told = false;
+  while (!mbar_try_wait(a, parity)) {
+    if (!told && clock64() - t0 > (1ll << 31)) {
+      watchdog_record(a, parity);
+      told = true;
+    }
+  }
+#else
   while (!mbar_try_wait(a, parity)) {}
+#endif
 }
 // Arrives on the barrier once every cp.async this thread issued so far has landed (counts
 // against the barrier's expected arrivals).

@@ -198,8 +198,8 @@ __device__ __forceinline__ void stage_mmas(float (&acc)[HV][Cfg::BN / 2], const 
 
 // A consumer warpgroup's tiles: all of them (cooperative, rows 64 wg ... 64 wg + 63 of each) or
 // every other one (ping-pong: wg owns the CTA's tiles i with i % 2 == wg, skipping the stages of
-// the others', and waits for its turn at the tensor cores: turn[wg] completes when the other
-// warpgroup has issued its previous tile's MMAs).
+// the others', and waits for its turn at the tensor cores: turn[wg] completes when every warp of
+// the other warpgroup has issued its previous tile's MMAs).
 template <class Cfg>
 __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Scheduler<Cfg>& sched,
                                          const Feed<Cfg>& feed, u8* smem, u64* full, u64* empty, u64* turn,
@@ -369,7 +369,14 @@ __device__ __forceinline__ void consumer(const GemmSm90Params& P, const Schedule
       if (++stage == Cfg::STAGES) { stage = 0; phase ^= 1; }
     }
     if constexpr (L::PINGPONG) {
-      if (tid == 0) mbar_arrive(&turn[wg ^ 1]);  // all MMAs issued: the other warpgroup's turn
+      // All MMAs issued: the other warpgroup's turn. Every warp arrives (turn's count is 4), each
+      // once all its lanes are past their own turn wait: a tile without k-steps (a K-grouped
+      // tile of an empty group) has no wgmma to hold the warpgroup's warps together, and with one
+      // thread arriving for all, a warp still polling turn[wg] could see it complete twice (the
+      // other warpgroup's next tile) and wait on the wrong parity forever (found under memcheck,
+      // bench/NOTES.md v0.53).
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&turn[wg ^ 1]);
       ++mine;
     }
     if (L::DEFER_STORE && holding) {  // batches this tile had no k-steps for
@@ -455,8 +462,8 @@ __device__ __forceinline__ void set_up(const GemmSm90Params& P, u8* smem_raw) {
     mbar_init(&full[s], L::FULL_ARRIVALS);
     mbar_init(&empty[s], L::EMPTY_ARRIVALS);
   }
-  mbar_init(&turn[0], 1);
-  mbar_init(&turn[1], 1);
+  mbar_init(&turn[0], 4);  // (a warpgroup's four warps: see the consumer)
+  mbar_init(&turn[1], 4);
   if constexpr (L::E_STAGED) {
     mbar_init(&epi_bar[0], 128 * CONSUMER_WARPGROUPS);
     mbar_init(&epi_bar[1], 32 * L::E_WARPS);
