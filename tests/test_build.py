@@ -139,3 +139,21 @@ def test_sm_trace_only_where_asked(tmp_path, monkeypatch):
     traced, _ = _build.compile_entry("sol080.cu", _build.TRACE_DEFINE, "sm_90a")
     assert b"cupy_moe_trace" not in plain.read_bytes()
     assert b"cupy_moe_trace" in traced.read_bytes()
+
+
+@needs_nvrtc
+def test_mbarrier_watchdog_only_where_asked(tmp_path, monkeypatch):
+    """mbar_wait's watchdog (cuda_src/common/hopper.cuh) is compiled in only when the prelude
+    defines CUPY_MOE_WATCHDOG (load_module adds it for CUPY_MOE_WATCHDOG=1): the library's GEMM
+    cubins carry no record pointer; the watched ones do, and spill nothing for it."""
+    from cupy_moe.gpu import gemm
+
+    monkeypatch.setenv("CUPY_MOE_CACHE_DIR", str(tmp_path))
+    prelude = gemm.sm90_prelude(gemm.Sm90Config(BN=128, STAGES=6, A_KMAJOR=False, B_KMAJOR=False, C_TMA=True,
+                                                PINGPONG=True, STORE_RING=2, GROUPING=gemm.GROUPINGS["k"],
+                                                DYNAMIC=True))
+    plain, _ = _build.compile_entry("gemm_sm90.cu", prelude, "sm_90a")
+    watched, log = _build.compile_entry("gemm_sm90.cu", _build.WATCHDOG_DEFINE + prelude, "sm_90a", verbose=True)
+    assert b"cupy_moe_watchdog_out" not in plain.read_bytes()
+    assert b"cupy_moe_watchdog_out" in watched.read_bytes()
+    assert "0 bytes spill stores" in log

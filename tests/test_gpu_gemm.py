@@ -581,6 +581,34 @@ def test_pingpong_store_ring_gives_the_same_bits(case, monkeypatch):
                       pingpong=True)
 
 
+def test_mbarrier_watchdog_keeps_the_bits_and_reports_no_stuck_wait(monkeypatch):
+    """CUPY_MOE_WATCHDOG=1 builds (mbar_wait's hang finder, cuda_src/common/hopper.cuh) compute
+    what the library's do, bit for bit, every element written, and a run that finishes records no
+    stuck wait: K-grouped ping-pong tiles with an empty group (where it found the lost turn)."""
+    from cupy_moe import _build
+    from cupy_moe.gpu import gemm as G
+
+    ref, kw, out = _store_path_problem(np.random.default_rng(41), "k-grouped")
+    recs = _build.watchdog_records()
+    results = []
+    try:
+        for watch in ("0", "1"):
+            monkeypatch.setenv("CUPY_MOE_WATCHDOG", watch)
+            G._sm90_module.cache_clear()  # (modules are cached per config, not per environment)
+            G._prepared.clear()
+            out.fill(np.nan)
+            G.gemm(engine="sm90", pingpong=True, **kw)
+            results.append(out.get())
+    finally:
+        G._sm90_module.cache_clear()
+        G._prepared.clear()
+    assert any(e == "gemm_sm90.cu" and p.startswith(_build.WATCHDOG_DEFINE) for _, e, p in _build._modules)
+    assert not (recs["parity"] >= 0x100).any(), recs[recs["parity"] >= 0x100][:8]
+    assert not np.isnan(results[1].astype(np.float32)).any()
+    np.testing.assert_array_equal(results[0].view(np.uint16), results[1].view(np.uint16))
+    assert relative_error(results[1].astype(np.float32), ref) < 1e-2
+
+
 @pytest.mark.parametrize("case", ["dense", "dense-128", "m-grouped", "m-one-group", "k-grouped", "k-transposed"])
 def test_band_orders_give_the_same_bits(case, monkeypatch):
     """Tiles walked in bands of row tiles (gemm.BAND_ROWS, BAND_GROUPED_ROWS: Sm90Config.BAND_M,
