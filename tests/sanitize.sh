@@ -16,6 +16,7 @@ small+=' or (test_f32_tma_stores_give_the_same_bits and (dense-64 or k-grouped))
 # (K-grouped ping-pong with an empty group: memcheck's uneven warp timing found a lost turn
 # there, a real hang, bench/NOTES.md v0.53)
 small+=' or (test_pingpong_store_ring_gives_the_same_bits and (dense or k-grouped))'
+small+=' or (test_k_grouped_empty_groups_write_zeros and pingpong)'
 status=0
 for tool in ${tools[@]}; do
   log=${OUT:-/tmp}/sanitize-$tool.log
