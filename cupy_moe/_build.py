@@ -158,21 +158,21 @@ def load_module(entry: str, prelude: str = ""):
 
 
 WATCHDOG_DEFINE = "#define CUPY_MOE_WATCHDOG 1\n"
-WATCHDOG_RECORDS = 1024  # 24-byte records (cuda_src/common/hopper.cuh), [0] the count
+WATCHDOG_RECORDS = 1024  # (cuda_src/common/hopper.cuh: kWatchdogRecords, WatchdogRecord)
 
 
 @lru_cache(maxsize=1)
 def watchdog_records():
-    """The host-mapped buffer every CUPY_MOE_WATCHDOG=1 module writes its stuck waits into: a
-    NumPy view that a host thread can read while a kernel hangs (bench/NOTES.md v0.53)."""
+    """The host-mapped records every CUPY_MOE_WATCHDOG=1 module writes its stuck waits into
+    (fields block, thread, bar, parity, written): a NumPy view that a host thread can read while a
+    kernel hangs (bench/NOTES.md v0.53)."""
     import cupy
     import numpy as np
 
-    mem = cupy.cuda.alloc_pinned_memory(WATCHDOG_RECORDS * 24)
-    dtype = np.dtype([("block", "<u4"), ("thread", "<u4"), ("bar", "<u4"), ("parity", "<u4"), ("state", "<u8")])
-    view = np.frombuffer(mem, dtype, WATCHDOG_RECORDS)
+    dtype = np.dtype([(f, "<u4") for f in ("block", "thread", "bar", "parity", "written")])
+    view = np.frombuffer(cupy.cuda.alloc_pinned_memory(WATCHDOG_RECORDS * dtype.itemsize), dtype,
+                         WATCHDOG_RECORDS)  # (the view keeps the pinned block alive)
     view[:] = 0
-    watchdog_records.mem = mem  # (kept alive with the view)
     return view
 
 
@@ -185,6 +185,4 @@ def _point_watchdog(mod):
     except cupy.cuda.driver.CUDADriverError:  # (an entry without hopper.cuh)
         return
     # Pinned memory is mapped at its host address under unified addressing.
-    addr = watchdog_records().ctypes.data
-    ptr.copy_from_host(np.array([addr], np.uint64).ctypes.data, 8)
-    cupy.cuda.Device().synchronize()
+    ptr.copy_from_host(np.array([watchdog_records().ctypes.data], np.uint64).ctypes.data, 8)

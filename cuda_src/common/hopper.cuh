@@ -45,19 +45,17 @@ __device__ __forceinline__ bool mbar_try_wait(u32 bar, u32 parity) {
 // on which barrier into host-mapped memory (cupy_moe_watchdog_out, set by load_module) and goes on
 // waiting, so the host can read the records while the kernel hangs (bench/NOTES.md v0.53).
 struct WatchdogRecord {
-  u32 block, thread, bar, parity;
-  u64 state;  // the barrier's 64-bit word as the waiter last saw it
+  u32 block, thread, bar, parity, written;
 };
-__device__ WatchdogRecord* cupy_moe_watchdog_out;  // records from [1]
-__device__ unsigned int cupy_moe_watchdog_count;   // (the atomic in device memory: PCIe may lack them)
+constexpr u32 kWatchdogRecords = 1024;  // (_build.WATCHDOG_RECORDS)
+__device__ WatchdogRecord* cupy_moe_watchdog_out;
+__device__ unsigned int cupy_moe_watchdog_count;  // (in device memory: PCIe may lack host atomics)
 __device__ __forceinline__ void watchdog_record(u32 bar, u32 parity) {
   WatchdogRecord* out = cupy_moe_watchdog_out;
   if (out == nullptr) return;
-  const u32 n = atomicAdd(&cupy_moe_watchdog_count, 1u) + 1;
-  if (n >= 1024) return;
-  u64 state;
-  asm volatile("ld.shared.b64 %0, [%1];" : "=l"(state) : "r"(bar) : "memory");
-  out[n] = WatchdogRecord{blockIdx.x, threadIdx.x, bar, parity | 0x100u, state};  // (0x100: written)
+  const u32 n = atomicAdd(&cupy_moe_watchdog_count, 1u);
+  if (n >= kWatchdogRecords) return;
+  out[n] = WatchdogRecord{blockIdx.x, threadIdx.x, bar, parity, 1u};
   __threadfence_system();
 }
 #endif
