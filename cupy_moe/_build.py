@@ -165,7 +165,8 @@ WATCHDOG_RECORDS = 1024  # (cuda_src/common/hopper.cuh: kWatchdogRecords, Watchd
 def watchdog_records():
     """The host-mapped records every CUPY_MOE_WATCHDOG=1 module writes its stuck waits into
     (fields block, thread, bar, parity, written): a NumPy view that a host thread can read while a
-    kernel hangs (bench/NOTES.md v0.53)."""
+    kernel hangs (bench/NOTES.md v0.53). Each module counts its own records from slot 0, for the
+    module's lifetime: read them after the first hang, not across several modules' hangs."""
     import cupy
     import numpy as np
 
