@@ -540,6 +540,15 @@ def _store_path_problem(rng, case, dense=(4099, 1280, 200), k_groups=(5, 1001, 0
     return ref, kw, out
 
 
+def _assert_same_bits(results, ref):
+    """bf16 results of one problem under several settings: every element written (no NaN left of
+    the poison), all bitwise the first's, and right against the NumPy reference."""
+    assert not np.isnan(results[0].astype(np.float32)).any()
+    for r in results[1:]:
+        np.testing.assert_array_equal(results[0].view(np.uint16), r.view(np.uint16))
+    assert relative_error(results[0].astype(np.float32), ref) < 1e-2
+
+
 def _check_store_ring(monkeypatch, knob, case, seed, expected, **gemm_kw):
     """Runs one store-path problem with the ring knob `knob` at 0 (whole-tile staging) and at 2
     (a ring of two units per warpgroup), the output poisoned with NaN before each run; checks
@@ -557,9 +566,7 @@ def _check_store_ring(monkeypatch, knob, case, seed, expected, **gemm_kw):
         G.gemm(engine="sm90", **gemm_kw, **kw)
         results.append(out.get())
     assert [(c.BN, c.PINGPONG, c.C_TMA, c.STORE_RING, c.STAGES) for c in chosen] == expected
-    assert not np.isnan(results[1].astype(np.float32)).any()
-    np.testing.assert_array_equal(results[0].view(np.uint16), results[1].view(np.uint16))
-    assert relative_error(results[1].astype(np.float32), ref) < 1e-2
+    _assert_same_bits(results, ref)
 
 
 @pytest.mark.parametrize("case", ["dense", "m-grouped", "m-one-group", "k-grouped", "k-transposed"])
@@ -604,9 +611,7 @@ def test_mbarrier_watchdog_keeps_the_bits_and_reports_no_stuck_wait(monkeypatch)
         G._prepared.clear()
     assert any(e == "gemm_sm90.cu" and p.startswith(_build.WATCHDOG_DEFINE) for _, e, p in _build._modules)
     assert not recs["written"].any(), recs[recs["written"] != 0][:8]
-    assert not np.isnan(results[1].astype(np.float32)).any()
-    np.testing.assert_array_equal(results[0].view(np.uint16), results[1].view(np.uint16))
-    assert relative_error(results[1].astype(np.float32), ref) < 1e-2
+    _assert_same_bits(results, ref)
 
 
 @pytest.mark.parametrize("case", ["dense", "dense-128", "m-grouped", "m-one-group", "k-grouped", "k-transposed"])
@@ -637,10 +642,7 @@ def test_band_orders_give_the_same_bits(case, monkeypatch):
             G.gemm(engine="sm90", band=launch_band, **kw)
             results.append(out.get())
     assert bands == [1, 1, 4, 4, 3, 3, 64, 64, 5, 5]
-    assert not np.isnan(results[0].astype(np.float32)).any()
-    for r in results[1:]:
-        np.testing.assert_array_equal(results[0].view(np.uint16), r.view(np.uint16))
-    assert relative_error(results[0].astype(np.float32), ref) < 1e-2
+    _assert_same_bits(results, ref)
 
 
 @pytest.mark.parametrize("case", ["dense", "dense-one-kstep", "dense-64", "m-grouped", "m-one-group",
@@ -664,9 +666,7 @@ def test_deferred_stores_give_the_same_bits(case, monkeypatch):
         G.gemm(engine="sm90", **kw)
         results.append(out.get())
     assert G.Sm90Config.DEFER_STORE > 0
-    assert not np.isnan(results[1].astype(np.float32)).any()
-    np.testing.assert_array_equal(results[0].view(np.uint16), results[1].view(np.uint16))
-    assert relative_error(results[1].astype(np.float32), ref) < 1e-2
+    _assert_same_bits(results, ref)
 
 
 @pytest.mark.parametrize("case", ["dense-wide", "dense-128", "dense-64", "m-grouped", "k-grouped"])
