@@ -4,11 +4,13 @@ H = 4096, K = 8), against the tensor-core form (router.weight_gradient), each al
 Usage (device): PYTHONPATH=. python bench/attic/gather_router_wgrad.py (writes cuda_src/_probe_gather.cu for its run)"""
 import os, sys
 sys.path.insert(0, "bench")
+sys.path.insert(0, os.path.dirname(__file__))
 import numpy as np
 import cupy as cp
 from benchmark import timer
 from cupy_moe import bfloat16, _build
 from cupy_moe.gpu import router
+from sparse_router_wgrad import E, K, H, router_wgrad_inputs
 
 SRC = r'''
 #include "common/hopper.cuh"
@@ -121,7 +123,6 @@ path = os.path.join("cuda_src", "_probe_gather.cu")
 with open(path, "w") as f:
     f.write(SRC)
 measure = timer(20)
-E, K, H = 128, 8, 4096
 mods = {}
 for slots, rows in ((4, 4), (6, 4), (3, 8)):
     mod = _build.load_module("_probe_gather.cu", f"#define SLOTS {slots}\n#define ROWS {rows}\n")
@@ -130,19 +131,7 @@ for slots, rows in ((4, 4), (6, 4), (3, 8)):
     driver.funcSetAttribute(k.kernel.ptr, 8, slots * rows * H * 2)  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     mods[(slots, rows)] = k
 for T in (997, 1321, 1879, 2053, 3089):
-    rng = np.random.default_rng(T)
-    scores = cp.asarray(rng.random((T, E), dtype=np.float32))
-    idx = cp.asarray(np.argsort(-rng.random((T, E)), axis=1)[:, :K].astype(np.int64))
-    c = cp.asarray(rng.standard_normal(T).astype(np.float32) * 1e-6)
-    s_sel = cp.take_along_axis(scores, idx, axis=1)
-    wsel = (c[:, None] * s_sel * (1 - s_sel)).astype(cp.float32)
-    grl = cp.zeros((T, E), cp.float32)
-    cp.put_along_axis(grl, idx, wsel, axis=1)
-    hi = grl.astype(bfloat16)
-    lo = (grl - hi.astype(cp.float32)).astype(bfloat16)
-    hilo = cp.concatenate([hi, lo], axis=1)
-    x = cp.random.standard_normal((T, H), dtype=cp.float32).astype(bfloat16)
-    ref = grl.astype(cp.float64).T @ x.astype(cp.float64)
+    idx, wsel, hilo, x, ref = router_wgrad_inputs(T)
     out_t = cp.empty((E, H), cp.float32)
     f_t = lambda: router.weight_gradient(hilo, x, out_t)
     row = [f"T {T:5d}: tensor {measure(f_t):5.1f} us"]

@@ -93,9 +93,12 @@ extern "C" __global__ void __launch_bounds__(256) wgrad_sparse(const long long* 
   }
 }
 '''
-measure = timer(20)
 E, K, H = 128, 8, 4096
-for T in (997, 1321, 1879, 2053, 3089, 4093, 8192):
+
+
+def router_wgrad_inputs(T):
+    """Random routing of T tokens: (idx [T, K] int64, wsel [T, K] fp32: grl at each slot, hilo
+    [T, 2E] bf16: the library's [hi | lo] of grl, x [T, H] bf16, ref = grl^T x in fp64)."""
     rng = np.random.default_rng(T)
     scores = cp.asarray(rng.random((T, E), dtype=np.float32))
     idx = cp.asarray(np.argsort(-rng.random((T, E)), axis=1)[:, :K].astype(np.int64))
@@ -106,19 +109,28 @@ for T in (997, 1321, 1879, 2053, 3089, 4093, 8192):
     cp.put_along_axis(grl, idx, wsel, axis=1)
     hi = grl.astype(bfloat16)
     lo = (grl - hi.astype(cp.float32)).astype(bfloat16)
-    hilo = cp.concatenate([hi, lo], axis=1)
     x = cp.random.standard_normal((T, H), dtype=cp.float32).astype(bfloat16)
-    ref = grl.astype(cp.float64).T @ x.astype(cp.float64)
-    out_t = cp.empty((E, H), cp.float32)
-    t_tc = measure(lambda: router.weight_gradient(hilo, x, out_t))
-    row = [f"T {T:5d}: tensor form {t_tc:6.1f} us (err {float(cp.linalg.norm(out_t - ref) / cp.linalg.norm(ref)):.1e})"]
-    for cols in (8, 16):
-        mod = cp.RawModule(code=SRC, options=("-std=c++17", f"-DCOLS={cols}"))
-        k = mod.get_function("wgrad_sparse")
-        out_s = cp.full((E, H), cp.nan, cp.float32)
-        grid = ((H // cols + 255) // 256, E)
-        f = lambda: k(grid, (256,), (idx, wsel, x.view(cp.uint16), out_s, np.int32(T), np.int32(K), np.int32(E), np.int32(H)))
-        us = measure(f)
-        err = float(cp.linalg.norm(out_s - ref) / cp.linalg.norm(ref))
-        row.append(f"sparse cols {cols} ({grid[0] * E} CTAs) {us:6.1f} us (err {err:.1e})")
-    print("; ".join(row), flush=True)
+    return idx, wsel, cp.concatenate([hi, lo], axis=1), x, grl.astype(cp.float64).T @ x.astype(cp.float64)
+
+
+def main():
+    measure = timer(20)
+    for T in (997, 1321, 1879, 2053, 3089, 4093, 8192):
+        idx, wsel, hilo, x, ref = router_wgrad_inputs(T)
+        out_t = cp.empty((E, H), cp.float32)
+        t_tc = measure(lambda: router.weight_gradient(hilo, x, out_t))
+        row = [f"T {T:5d}: tensor form {t_tc:6.1f} us (err {float(cp.linalg.norm(out_t - ref) / cp.linalg.norm(ref)):.1e})"]
+        for cols in (8, 16):
+            mod = cp.RawModule(code=SRC, options=("-std=c++17", f"-DCOLS={cols}"))
+            k = mod.get_function("wgrad_sparse")
+            out_s = cp.full((E, H), cp.nan, cp.float32)
+            grid = ((H // cols + 255) // 256, E)
+            f = lambda: k(grid, (256,), (idx, wsel, x.view(cp.uint16), out_s, np.int32(T), np.int32(K), np.int32(E), np.int32(H)))
+            us = measure(f)
+            err = float(cp.linalg.norm(out_s - ref) / cp.linalg.norm(ref))
+            row.append(f"sparse cols {cols} ({grid[0] * E} CTAs) {us:6.1f} us (err {err:.1e})")
+        print("; ".join(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
