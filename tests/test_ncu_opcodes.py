@@ -16,9 +16,10 @@ def _record(name: str, value: float) -> bytes:
 
 def test_reads_opcodes_with_modifiers_and_keeps_the_largest_value_per_name():
     data = (b"\x00junk" + _record("HGMMA", 5853056.0) + _record("HGMMA.64x256x16.F32.BF16", 5853056.0)
-            + _record("STS", 11.0) + _record("STS", 7.0) + _record("BRA", 0.5) + b"tail")
+            + _record("STS", 11.0) + _record("STS", 7.0) + _record("BRA", 0.5)
+            + _record("NOP", float("nan")) + _record("EXIT", float("inf")) + b"tail")
     got = ncu_opcodes.opcode_counts(data)
-    assert got == {"HGMMA": 5853056, "HGMMA.64x256x16.F32.BF16": 5853056, "STS": 11}  # 0.5: no count
+    assert got == {"HGMMA": 5853056, "HGMMA.64x256x16.F32.BF16": 5853056, "STS": 11}  # 0.5, NaN, inf: no count
 
 
 def test_a_name_whose_length_byte_disagrees_is_not_read():

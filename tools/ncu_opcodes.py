@@ -9,6 +9,7 @@ v0.54: dead accumulators shrank every wgmma to 64x8x16); compare the HGMMA count
 probe against the full kernel before reading its time.
 Usage: python tools/ncu_opcodes.py REPORT.ncu-rep [REPORT ...] [--grep HGMMA]"""
 import argparse
+import math
 import re
 import struct
 
@@ -24,7 +25,7 @@ def opcode_counts(data: bytes) -> dict:
         if len(name) != m.group(1)[0]:
             continue
         value = struct.unpack("<d", m.group(3))[0]
-        if value >= 0 and value == int(value):
+        if math.isfinite(value) and value >= 0 and value == int(value):  # (stray bytes: NaN, inf)
             key = name.decode()
             counts[key] = max(counts.get(key, 0), int(value))
     return counts
