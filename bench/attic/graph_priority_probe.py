@@ -6,8 +6,14 @@ block an SM, 5 us each) at the greatest. Honored: C starts as A's first wave end
 third wave. Eager, graph flags 0, graph flags 8.
 Usage (device): python bench/attic/graph_priority_probe.py"""
 import ctypes
-import cupy as cp
-from cupy_backends.cuda.api import runtime
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+import cupy as cp  # noqa: E402
+from cupy_backends.cuda.api import runtime  # noqa: E402
+
+from cupy_moe._launch import _LaunchAttribute as Attr, _LaunchConfig as Cfg  # noqa: E402
 
 SRC = r'''
 extern "C" __global__ void spin(long long ns, unsigned long long* starts) {
@@ -23,11 +29,6 @@ k.max_dynamic_shared_size_bytes = 160 * 1024
 fn = k.kernel.ptr
 cuda = ctypes.CDLL("libcuda.so.1")
 
-class Attr(ctypes.Structure):
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
-class Cfg(ctypes.Structure):
-    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared_mem", ctypes.c_uint),
-                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(Attr)), ("num_attrs", ctypes.c_uint)]
 lo, hi = ctypes.c_int(), ctypes.c_int()
 
 def launch(stream, blocks, ns, starts, prio):

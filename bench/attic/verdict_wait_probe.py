@@ -4,14 +4,13 @@ waited for after end.record (before the next call); held: deferred, with a spin 
 start event (the GPU alone). 16 workloads, 3 interleaved rounds, L2 flushed.
 Usage (device): PYTHONPATH=. python bench/attic/verdict_wait_probe.py [T,T,...]"""
 import os
-import statistics
 import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import cupy as cp
 import cupy_moe
+from benchmark import timer
 from cupy_moe import validate
 from cupy_moe.testing import SOL080_WORKLOADS, make_sol080_inputs
-from spin import hold_gpu
 
 orig = validate.topk_check_in_kernel
 pending = []
@@ -23,22 +22,16 @@ def deferring(name, idx, n):
     c.finish = later
     return c
 
-flush = cp.empty(256 * 1024 * 1024 // 4, cp.float32)
-s, e = cp.cuda.Event(), cp.cuda.Event()
-def measure(fn, mode, reps=20):
-    times = []
-    for i in range(reps + 2):
-        while pending:
-            pending.pop()()
-        flush.fill(1.0)
-        if mode == "held":
-            hold_gpu(2.0)
-        s.record(); fn(); e.record(); e.synchronize()
-        if i >= 2:
-            times.append(cp.cuda.get_elapsed_time(s, e) * 1e3)
+def settle_then_flush(flush):  # the last call's deferred verdict, before the next call's flush
     while pending:
         pending.pop()()
-    return statistics.median(times)
+    flush.fill(1.0)
+
+timers = {"normal": timer(20), "deferred": timer(20), "held": timer(20, hold_ms=2.0)}
+def measure(fn, mode):
+    t = timers[mode](fn, warmup=2, before=settle_then_flush)
+    settle_then_flush(cp.empty(0, cp.float32))
+    return t
 
 Ts = [int(t) for t in sys.argv[1].split(",")] if len(sys.argv) > 1 else [t for t, _ in SOL080_WORKLOADS]
 res = {}
