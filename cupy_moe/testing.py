@@ -154,10 +154,14 @@ SOL080_WORKLOADS = ((384, 0.18), (6144, 0.25), (8192, 0.39), (3719, 0.25), (512,
                     (293, 0.12))
 
 
-def ctx_to_numpy(ctx):
-    """A copy of a GPU MoEContext with every array on the host (for the NumPy reference)."""
+def ctx_to_numpy(ctx, host_inputs=None):
+    """A copy of a GPU MoEContext with every array on the host (for the NumPy reference).
+    host_inputs: moe_forward's arguments already copied to the host (a dict by argument name);
+    the context's fields of the same names are taken from it instead of copied again (DeepSeek-V3's
+    expert weights are 22.5 GB)."""
     import dataclasses
 
+    host_inputs = host_inputs or {}
     return dataclasses.replace(ctx, **{
-        f.name: _as_numpy(getattr(ctx, f.name)) for f in dataclasses.fields(ctx)
-        if f.name != "config" and getattr(ctx, f.name) is not None})
+        f.name: host_inputs[f.name] if f.name in host_inputs else _as_numpy(getattr(ctx, f.name))
+        for f in dataclasses.fields(ctx) if f.name != "config" and getattr(ctx, f.name) is not None})

@@ -1,4 +1,6 @@
 """moe_forward / moe_backward on the GPU against the NumPy reference, end to end."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -38,7 +40,7 @@ def _check(cfg, T, routing, seed=0, tol=1e-2):
     gargs = make_moe_inputs(cfg, T, seed=seed, routing=routing, xp=cp)
     args = {k: None if v is None else v.get() for k, v in gargs.items()}
     out, ctx = cupy_moe.moe_forward(**gargs, config=cfg)
-    hctx = ctx_to_numpy(ctx)
+    hctx = ctx_to_numpy(ctx, host_inputs=args)
     # Routing: scores close to the reference, selection = the reference rule on the GPU's scores.
     ref_scores, _, _ = ref_layer.route(args["hidden_states"].astype(np.float32),
                                        args["router_weight"].astype(np.float32),
@@ -98,6 +100,28 @@ def test_small_configs(name, T, routing):
 @pytest.mark.parametrize("T,routing", [(64, "random"), (333, "skewed")])
 def test_glm45_air(T, routing):
     _check(MoEConfig.glm45_air(), T, routing, seed=5)
+
+
+# DeepSeek-V3's sizes and group rule (H = 7168, I = 2048, 8 groups of which 4 are kept) with 64
+# experts instead of 256: every GEMM and epilogue shape of the model at a quarter of its 22.5 GB of
+# expert weights, so the NumPy reference takes a minute, not several. (Its 256-expert routing is
+# tested in test_gpu_routing.py; the whole model against the CuPy and PyTorch peers by
+# bench/benchmark.py --layer --model deepseek_v3.)
+MODELS = {"glm45": MoEConfig.glm45(),
+          "deepseek_v3_64": dataclasses.replace(MoEConfig.deepseek_v3(), n_routed_experts=64)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model,T,routing", [("glm45", 1, "random"), ("glm45", 333, "skewed"),
+                                             ("deepseek_v3_64", 61, "random"),
+                                             ("deepseek_v3_64", 97, "one_expert")])
+def test_glm45_and_deepseek_v3_sizes(model, T, routing):
+    """The other two model classes the library names: GLM-4.5 (H = 5120, I = 1536, 160 experts) at
+    full size, DeepSeek-V3's shapes as above (at T = 61 some experts get no token; with
+    "one_expert" all 97 meet in group 0's experts)."""
+    ctx = _check(MODELS[model], T, routing, seed=T + 3)
+    if routing == "one_expert":
+        assert ctx.tokens_per_expert[0] == T
 
 
 def test_zero_tokens():
