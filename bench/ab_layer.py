@@ -3,11 +3,13 @@ flushed, median of --reps (ms), the variants' order rotated each round; each var
 against the first's (relative error).
 A variant is a comma list of knob=value: dwdt=0|1 (gpu.layer.DWD_TRANSPOSED), sbs=0|1 (the
 shared expert's weight gradients side by side: gpu.side_by_side.MIN_GAIN_STEPS), ring=N
-(gpu.gemm.STORE_RING), band=N (gpu.gemm.BAND_ROWS), nband=N (gpu.gemm.BAND_NARROW_ROWS), gband=N (gpu.gemm.BAND_GROUPED_ROWS), kgrate=X (gpu.side_by_side.K_GROUPED_FLOP_PER_SM_US: the combine's SMs
+(gpu.gemm.STORE_RING), kwide=0 (the K-grouped weight gradients on ping-pong 128 x 128 tiles where
+gemm.wide_tiles_pay would take cooperative 128 x 256 ones), band=N (gpu.gemm.BAND_ROWS), nband=N (gpu.gemm.BAND_NARROW_ROWS), gband=N (gpu.gemm.BAND_GROUPED_ROWS), kgrate=X (gpu.side_by_side.K_GROUPED_FLOP_PER_SM_US: the combine's SMs
 beside dWg through free_sms), bsm=X / fsm=X (gpu.side_by_side.BYTES_PER_SM_US / FLOP_PER_SM_US: the
 SMs of the dy scatter beside the shared d_act, and of the combine), f32tma=0|1 (gpu.gemm.F32_TMA), dyn=grouped|all|none (gpu.gemm.DYNAMIC_TILES), cfg.FIELD=N (gpu.gemm.CONFIG_OVERRIDE: that Sm90Config field on every
 Hopper GEMM; the caller keeps it within shared memory); a knob a variant does not name keeps the
-library's value at start-up (bench/knobs.py), so "base" is the library's own setting. Usage (device): PYTHONPATH=. python bench/ab_layer.py [--T 8192] [--reps 10] base dwdt=0"""
+library's value at start-up (bench/knobs.py), so "base" is the library's own setting. Usage (device): PYTHONPATH=. python bench/ab_layer.py [--T 8192] [--reps 10]
+[--model glm45_air|glm45|deepseek_v3] base dwdt=0"""
 import argparse
 import os
 import sys
@@ -27,12 +29,21 @@ def main():
     ap.add_argument("--T", type=int, default=8192)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--model", default="glm45_air")
     ap.add_argument("variants", nargs="+")
     args = ap.parse_args()
 
     from knobs import Knob, Knobs, flag, integer, text
 
-    use = Knobs({
+    wide_tiles_pay = gemm.wide_tiles_pay
+
+    def k_grouped_wide(value, default):
+        if value != "0":
+            return default
+        return lambda n, grouping: grouping != gemm.GROUPINGS["k"] and wide_tiles_pay(n, grouping)
+
+    knobs = Knobs({
+        "kwide": Knob(gemm, "wide_tiles_pay", k_grouped_wide),
         "dwdt": Knob(layer, "DWD_TRANSPOSED", flag),
         "sbs": Knob(side_by_side, "MIN_GAIN_STEPS", lambda v, default: default if v != "0" else 1 << 30),
         "ring": Knob(gemm, "STORE_RING", integer),
@@ -44,11 +55,16 @@ def main():
         "kgrate": Knob(side_by_side, "K_GROUPED_FLOP_PER_SM_US", lambda v, _d: float(v)),
         "bsm": Knob(side_by_side, "BYTES_PER_SM_US", lambda v, _d: float(v)),
         "fsm": Knob(side_by_side, "FLOP_PER_SM_US", lambda v, _d: float(v)),
-    }).use
+    })
 
-    cfg = cupy_moe.MoEConfig.glm45_air()
+    def use(variant):
+        knobs.use(variant)
+        gemm._prepared.clear()  # gemm()'s launch cache is keyed by settings kwide does not touch
+
+    cfg = getattr(cupy_moe.MoEConfig, args.model)()
     _, ctx = cupy_moe.moe_forward(**make_moe_inputs(cfg, args.T, seed=0, xp=cp), config=cfg)
-    dy = make_moe_inputs(cfg, args.T, seed=1, xp=cp)["hidden_states"]
+    cp.random.seed(1)  # make_moe_inputs(cfg, T, seed=1)["hidden_states"], without its weights
+    dy = cp.random.standard_normal((args.T, cfg.hidden_size), dtype=cp.float32).astype(cupy_moe.bfloat16)
     measure = timer(args.reps)
     first = None
     for v in args.variants:
