@@ -23,7 +23,7 @@ def main():
 
     import cupy_moe
     from cupy_moe.gpu import gemm, layer, side_by_side
-    from cupy_moe.testing import make_moe_inputs
+    from cupy_moe.testing import make_grad_output, make_moe_inputs
 
     relative_error = device_relative_error
 
@@ -65,8 +65,7 @@ def main():
 
     cfg = getattr(cupy_moe.MoEConfig, args.model)()
     _, ctx = cupy_moe.moe_forward(**make_moe_inputs(cfg, args.T, seed=0, xp=cp), config=cfg)
-    cp.random.seed(1)  # make_moe_inputs(cfg, T, seed=1)["hidden_states"], without its weights
-    dy = cp.random.standard_normal((args.T, cfg.hidden_size), dtype=cp.float32).astype(cupy_moe.bfloat16)
+    dy = make_grad_output(cfg, args.T, seed=1, xp=cp)
     measure = timer(args.reps)
     first = None
     for v in args.variants:

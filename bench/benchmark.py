@@ -527,8 +527,7 @@ def layer_table(reps, Ts, model="glm45_air"):
     import cupy as cp
 
     import cupy_moe
-    from cupy_moe import bfloat16
-    from cupy_moe.testing import make_moe_inputs
+    from cupy_moe.testing import make_grad_output, make_moe_inputs
 
     relative_error = device_relative_error
     measure = timer(reps)
@@ -539,9 +538,7 @@ def layer_table(reps, Ts, model="glm45_air"):
     print(f"{'T':>6} {'ours':>8} {'cupy':>8} {'torch':>8} {'torch ag':>8} {'x cupy':>7} {'x torch':>7} "
           f"{'x ag':>7} {'TFLOP/s':>8} {'%789':>6} relerr(dx, dWg) vs cupy / torch / torch ag; worst of 8 vs cupy")
     args = make_moe_inputs(cfg, max(Ts), seed=0, xp=cp)
-    # make_moe_inputs(cfg, max(Ts), seed=1)["hidden_states"], without drawing its weights too
-    cp.random.seed(1)
-    dy_all = cp.random.standard_normal((max(Ts), cfg.hidden_size), dtype=cp.float32).astype(bfloat16)
+    dy_all = make_grad_output(cfg, max(Ts), seed=1, xp=cp)
     for T in Ts:
         a = dict(args, hidden_states=args["hidden_states"][:T].copy())
         dy = dy_all[:T].copy()

@@ -24,12 +24,12 @@ def calls(which, T):
     import cupy as cp
 
     import cupy_moe
-    from cupy_moe.testing import make_moe_inputs, make_sol080_inputs
+    from cupy_moe.testing import make_moe_inputs, make_grad_output, make_sol080_inputs
 
     if which == "layer":
         cfg = cupy_moe.MoEConfig.glm45_air()
         a = make_moe_inputs(cfg, T, seed=0, xp=cp)
-        dy = make_moe_inputs(cfg, T, seed=1, xp=cp)["hidden_states"]
+        dy = make_grad_output(cfg, T, seed=1, xp=cp)
         _, ctx = cupy_moe.moe_forward(**a, config=cfg)
         return lambda: cupy_moe.moe_backward(dy, ctx)
     a = make_sol080_inputs(T, seed=T, xp=cp)

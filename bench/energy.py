@@ -91,7 +91,7 @@ def cases(T):
     import cupy_moe
     from cupy_moe import bfloat16
     from cupy_moe.gpu.gemm import Segment, gemm
-    from cupy_moe.testing import make_moe_inputs
+    from cupy_moe.testing import make_moe_inputs, make_grad_output
 
     def rand(*shape):
         return cp.random.standard_normal(shape, dtype=cp.float32).astype(bfloat16)
@@ -121,7 +121,7 @@ def cases(T):
         grouping="k", **grouped))
     cfg = cupy_moe.MoEConfig.glm45_air()
     a = make_moe_inputs(cfg, T, seed=0, xp=cp)
-    dy = make_moe_inputs(cfg, T, seed=1, xp=cp)["hidden_states"]
+    dy = make_grad_output(cfg, T, seed=1, xp=cp)
     _, ctx = cupy_moe.moe_forward(**a, config=cfg)
     H, I, E = cfg.hidden_size, cfg.moe_intermediate_size, cfg.n_routed_experts
     flop = T * (108 * H * I + 4 * H * E)

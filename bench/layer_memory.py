@@ -11,7 +11,7 @@ def main(Ts):
     import cupy as cp
 
     import cupy_moe
-    from cupy_moe.testing import make_moe_inputs
+    from cupy_moe.testing import make_moe_inputs, make_grad_output
 
     pool = cp.cuda.MemoryPool()
     peak = [0]
@@ -26,7 +26,7 @@ def main(Ts):
     cfg = cupy_moe.MoEConfig.glm45_air()
     for T in Ts:
         a = make_moe_inputs(cfg, T, seed=0, xp=cp)
-        dy = make_moe_inputs(cfg, T, seed=1, xp=cp)["hidden_states"]
+        dy = make_grad_output(cfg, T, seed=1, xp=cp)
         cp.cuda.Device().synchronize()
         base = peak[0] = pool.used_bytes()
         out, ctx = cupy_moe.moe_forward(**a, config=cfg)

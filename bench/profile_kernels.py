@@ -4,7 +4,7 @@ the GPU while the call is queued, so the events time the GPU alone (start: from 
 With CUPY_MOE_PROFILE_WARM=S the call first repeats for S seconds, as a benchmark loop does (one
 traced layer backward read ~10% below the benchmark's median in session 4; sustained clocks are
 the suspect, not yet measured).
-Usage: PYTHONPATH=. python bench/profile_kernels.py layer [T] | sol080 [T]"""
+Usage: PYTHONPATH=. python bench/profile_kernels.py layer [T [glm45_air|glm45|deepseek_v3]] | sol080 [T]"""
 import os
 import sys
 import time
@@ -77,11 +77,11 @@ def main(argv):
     what = argv[0] if argv else "layer"
     T = int(argv[1]) if len(argv) > 1 else 8192
     if what == "layer":
-        from cupy_moe.testing import make_moe_inputs
+        from cupy_moe.testing import make_moe_inputs, make_grad_output
 
-        cfg = cupy_moe.MoEConfig.glm45_air()
+        cfg = getattr(cupy_moe.MoEConfig, argv[2] if len(argv) > 2 else "glm45_air")()
         a = make_moe_inputs(cfg, T, seed=0, xp=cp)
-        dy = make_moe_inputs(cfg, T, seed=1, xp=cp)["hidden_states"]
+        dy = make_grad_output(cfg, T, seed=1, xp=cp)
         out, ctx = cupy_moe.moe_forward(**a, config=cfg)
         profile(lambda: cupy_moe.moe_forward(**a, config=cfg), f"moe_forward T={T}")
         profile(lambda: cupy_moe.moe_backward(dy, ctx), f"moe_backward T={T}")

@@ -17,7 +17,7 @@ def main():
     import cupy as cp
 
     import cupy_moe
-    from cupy_moe.testing import make_moe_inputs, make_sol080_inputs
+    from cupy_moe.testing import make_moe_inputs, make_grad_output, make_sol080_inputs
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--layer-T", default="1000,8192")
@@ -26,7 +26,7 @@ def main():
     cfg = cupy_moe.MoEConfig.glm45_air()
     for T in map(int, filter(None, args.layer_T.split(","))):
         _, ctx = cupy_moe.moe_forward(**make_moe_inputs(cfg, T, seed=0, xp=cp), config=cfg)
-        dy = make_moe_inputs(cfg, T, seed=1, xp=cp)["hidden_states"]
+        dy = make_grad_output(cfg, T, seed=1, xp=cp)
         grads = cupy_moe.moe_backward(dy, ctx)
         print(f"layer T={T}: {digest(grads)} " + " ".join(f"{n}={digest([g])}" for n, g in grads._asdict().items()))
     for T in map(int, filter(None, args.sol080_T.split(","))):

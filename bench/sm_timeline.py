@@ -4,8 +4,9 @@ anything is built). One traced call after warm-up (its CUDA graph replayed, as t
 calls are; L2 flushed first), then per launch its blocks, SMs and span, and for the call: how
 many SMs were busy in each time slice, the idle SM time in all, and the stretches with no SM
 busy at all.
-With --layer, the same for the full GLM-4.5-Air layer's backward (moe_backward, eager) at each T.
-Usage (device): PYTHONPATH=. python bench/sm_timeline.py [--bin 5] [--layer] [--detail] [--tiles]
+With --layer, the same for the full layer's backward (moe_backward, eager) at each T, GLM-4.5-Air
+unless --model names another MoEConfig (glm45, deepseek_v3).
+Usage (device): PYTHONPATH=. python bench/sm_timeline.py [--bin 5] [--layer [--model M]] [--detail] [--tiles]
 [--cfg FIELD=N ...] [T ...]   (default 1879 8192)"""
 import argparse
 import os
@@ -208,6 +209,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", type=float, default=5.0)
     ap.add_argument("--layer", action="store_true")
+    ap.add_argument("--model", default="glm45_air", help="with --layer: glm45_air, glm45 or deepseek_v3")
     ap.add_argument("--detail", action="store_true", help="per launch, its blocks' quantiles")
     ap.add_argument("--tiles", action="store_true", help="per GEMM, its tiles' times and counts")
     ap.add_argument("--cfg", action="append", default=[], metavar="FIELD=N",
@@ -220,12 +222,12 @@ def main():
         gemm.CONFIG_OVERRIDE = {k: int(v) for k, v in (kv.split("=") for kv in args.cfg)}
     flush = cp.empty(256 << 20, cp.uint8)
     if args.layer:
-        from cupy_moe.testing import make_moe_inputs
+        from cupy_moe.testing import make_moe_inputs, make_grad_output
 
-        cfg = cupy_moe.MoEConfig.glm45_air()
+        cfg = getattr(cupy_moe.MoEConfig, args.model)()
         for T in args.T:
             _, ctx = cupy_moe.moe_forward(**make_moe_inputs(cfg, T, seed=0, xp=cp), config=cfg)
-            dy = make_moe_inputs(cfg, T, seed=1, xp=cp)["hidden_states"]
+            dy = make_grad_output(cfg, T, seed=1, xp=cp)
             for _ in range(2):
                 cupy_moe.moe_backward(dy, ctx)
             cp.cuda.Device().synchronize()

@@ -114,6 +114,15 @@ def make_moe_inputs(config: MoEConfig, T: int, seed: int = 0, xp=np, dtype=bfloa
     return args
 
 
+def make_grad_output(config: MoEConfig, T: int, seed: int = 1, xp=np, dtype=bfloat16):
+    """A random dL/dout for moe_backward: the hidden_states make_moe_inputs(config, T, seed) draws
+    first, without drawing its expert weights too (22.5 GB at DeepSeek-V3's sizes)."""
+    rng = np.random.default_rng(seed)
+    if xp is not np:
+        xp.random.seed(seed)
+    return _rng_normal(xp, rng, (T, config.hidden_size), 1.0, dtype)
+
+
 def make_sol080_inputs(T: int, H: int = 4096, I: int = 1408, E: int = 128, K: int = 8,
                        seed: int = 0, xp=np):
     """The benchmark's inputs (sol080.md, 'Inputs for tests and benchmarks'), as a dict of the 15

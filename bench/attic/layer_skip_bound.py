@@ -16,7 +16,7 @@ import cupy as cp  # noqa: E402
 import cupy_moe  # noqa: E402
 from benchmark import timer  # noqa: E402
 from cupy_moe.gpu import elementwise, layer, router  # noqa: E402
-from cupy_moe.testing import make_moe_inputs  # noqa: E402
+from cupy_moe.testing import make_moe_inputs, make_grad_output  # noqa: E402
 
 
 def nothing(*args, **kwargs):
@@ -27,7 +27,7 @@ def main():
     T = int(sys.argv[1]) if len(sys.argv) > 1 else 8192
     cfg = cupy_moe.MoEConfig.glm45_air()
     _, ctx = cupy_moe.moe_forward(**make_moe_inputs(cfg, T, seed=0, xp=cp), config=cfg)
-    dy = make_moe_inputs(cfg, T, seed=1, xp=cp)["hidden_states"]
+    dy = make_grad_output(cfg, T, seed=1, xp=cp)
     kept = dict(combine=elementwise.combine_backward, scatter=elementwise.rows_by_expert,
                 wgrad=router.weight_gradient)
     variants = {
