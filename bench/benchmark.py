@@ -506,30 +506,12 @@ def _free_pools():
         pass
 
 
-def device_relative_error(out, ref) -> float:
-    """testing.relative_error for two CuPy arrays, on the device (chunks of 2^26 elements, float64
-    sums): the host form copies both to the host, minutes for DeepSeek-V3's 22.5 GB of gradients."""
-    import cupy as cp
-
-    o, r = out.reshape(-1), ref.reshape(-1)
-    num = den = 0.0
-    step = 1 << 26
-    for i in range(0, o.size, step):
-        oc, rc = o[i:i + step].astype(cp.float64), r[i:i + step].astype(cp.float64)
-        if not bool(cp.isfinite(oc).all()):
-            return float("inf")
-        num += float(cp.dot(oc - rc, oc - rc))
-        den += float(cp.dot(rc, rc))
-    return float(np.sqrt(num / den)) if den else float(np.sqrt(num))
-
-
 def layer_table(reps, Ts, model="glm45_air"):
     import cupy as cp
 
     import cupy_moe
-    from cupy_moe.testing import make_grad_output, make_moe_inputs
+    from cupy_moe.testing import make_grad_output, make_moe_inputs, relative_error
 
-    relative_error = device_relative_error
     measure = timer(reps)
     cfg = getattr(cupy_moe.MoEConfig, model)()
     print(f"\nFull {MODELS[model]} layer backward; ms, median of {reps}, L2 flushed")

@@ -80,3 +80,21 @@ def test_grad_output_is_the_hidden_states_make_moe_inputs_draws(backend):
         assert got.dtype == want.dtype and got.shape == (13, 40)
         assert np.abs(got.astype(np.float32)).sum() > 0
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.gpu
+def test_relative_error_of_two_cupy_arrays_on_the_device_matches_the_host():
+    """Two CuPy arrays are compared on the device (no host copies); the same number as the host's
+    form, over more than one chunk (2^24 elements), for bf16 too; NaN or Inf gives inf."""
+    import cupy as cp
+
+    rng = np.random.default_rng(3)
+    ref = rng.standard_normal((1 << 24) + 5).astype(np.float32)
+    out = ref + 0.01 * rng.standard_normal(ref.size).astype(np.float32)
+    for o, r in ((out, ref), (out.astype(bfloat16), ref.astype(bfloat16))):
+        want = relative_error(o, r)
+        assert 1e-3 < want < 0.1
+        assert abs(relative_error(cp.asarray(o), cp.asarray(r)) - want) < 1e-9 * want
+    bad = cp.asarray(out)
+    bad[-1] = cp.inf
+    assert relative_error(bad, cp.asarray(ref)) == float("inf")
