@@ -1,4 +1,4 @@
-"""The benchmark: SOL-080 workloads and the full-layer backward, next to peers in the same run.
+"""The benchmark: SOL-080 workloads and the full layer's backward and forward, next to peers in the same run.
 
 Method (../shared/perf/anchors.md): CUDA events around the public call as a user makes it, L2
 flushed (a 256 MiB write) before each timed call, median of --reps (>= 20), warm-up first.
@@ -6,8 +6,9 @@ Peers: a cuBLAS-composed CuPy version of the same math (cupy.matmul for every GE
 experts for the routed part) and, where PyTorch imports, the same with torch.
 The GEMM table times the engine itself (cupy_moe.gpu.gemm) at the layer's shapes against
 cupy.matmul (cuBLAS) and torch._grouped_mm, and the portable main loop for reference.
-Usage: PYTHONPATH=. python bench/benchmark.py [--gemm] [--sol080] [--layer] [--reps 20] [--T 4096,8192]
-       [--model glm45_air|glm45|deepseek_v3]   (the layer table's MoEConfig; GLM-4.5-Air by default)
+Usage: PYTHONPATH=. python bench/benchmark.py [--gemm] [--sol080] [--layer] [--forward] [--reps 20]
+       [--T 4096,8192] [--model glm45_air|glm45|deepseek_v3]   (the layer tables' MoEConfig; GLM-4.5-Air
+       by default; --forward: moe_forward against the same forward in PyTorch, routing included)
 """
 from __future__ import annotations
 
@@ -445,40 +446,98 @@ def layer_torch_peer(dy, ctx):
     return run
 
 
+def _torch_layer_out(torch, gmm, x, w_rows, tok, offs, weights):
+    """The layer's output after routing, as a PyTorch user writes it (torch._grouped_mm experts,
+    bf16 throughout): the sorted rows' tokens tok, their routing weights w_rows, the groups' ends
+    offs; weights: (Wg, Wu, Wd, Wsg, Wsu, Wsd), the shared three None without a shared expert."""
+    import torch.nn.functional as F
+
+    Wg, Wu, Wd, Wsg, Wsu, Wsd = weights
+    xs = x[tok]
+    g = gmm(xs, Wg.transpose(1, 2), offs=offs)
+    u = gmm(xs, Wu.transpose(1, 2), offs=offs)
+    y = gmm(F.silu(g) * u, Wd.transpose(1, 2), offs=offs) * w_rows[:, None].to(x.dtype)
+    out = torch.zeros_like(x).index_add(0, tok, y)
+    if Wsg is not None:
+        out = out + (F.silu(x @ Wsg.t()) * (x @ Wsu.t())) @ Wsd.t()
+    return out
+
+
+def torch_route(torch, x, Wr, bias, cfg):
+    """The router and the routing sort in PyTorch: sigmoid scores (fp32), the group-limited top-k
+    of the biased scores, the routing weights, and the stable sort of the T K slots by expert:
+    (routing weights of the sorted rows, their tokens, the groups' ends as int32)."""
+    T, E, K = x.shape[0], cfg.n_routed_experts, cfg.num_experts_per_tok
+    scores = torch.sigmoid(x.float() @ Wr.float().t())
+    key = scores + bias
+    if cfg.n_group > 1:
+        per = E // cfg.n_group
+        group = key.view(T, cfg.n_group, per).topk(2, dim=-1).values.sum(-1)
+        kept = torch.zeros_like(group, dtype=torch.bool).scatter_(1, group.topk(cfg.topk_group, dim=-1).indices, True)
+        key = key.masked_fill(~kept.repeat_interleave(per, dim=1), float("-inf"))
+    idx = key.topk(K, dim=-1).indices
+    w = scores.gather(1, idx)
+    if cfg.norm_topk_prob:
+        w = w / (w.sum(1, keepdim=True) + 1e-20)
+    w = w * cfg.routed_scaling_factor
+    flat = idx.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    offs = torch.cumsum(torch.bincount(flat, minlength=E), 0).to(torch.int32)
+    return w.reshape(-1)[order], order // K, offs
+
+
+def layer_torch_forward_peer(args, cfg, to_torch=None):
+    """The layer's forward in PyTorch, routing included (torch_route, then _torch_layer_out), on
+    zero-copy views of moe_forward's arguments (args: make_moe_inputs' dict); returns a
+    no-argument callable giving out, or None without PyTorch. Ties in the top-k may pick other
+    experts than ours: a timing peer, compared by its output's relative error."""
+    try:
+        import torch
+        gmm = torch._grouped_mm
+    except Exception:
+        return None
+    t = to_torch or torch.from_dlpack
+    x, Wr, bias = t(args["hidden_states"]), t(args["router_weight"]), t(args["e_score_correction_bias"])
+    weights = tuple(None if args[k] is None else t(args[k]) for k in (
+        "expert_gate_weight", "expert_up_weight", "expert_down_weight",
+        "shared_expert_gate_weight", "shared_expert_up_weight", "shared_expert_down_weight"))
+
+    def run():
+        with torch.no_grad():
+            return _torch_layer_out(torch, gmm, x, *torch_route(torch, x, Wr, bias, cfg), weights)
+
+    return run
+
+
 def layer_torch_autograd_peer(dy, ctx):
     """The anchor's peer as anchors.md describes it: the layer's forward written in PyTorch
-    (torch._grouped_mm experts, bf16 throughout, the router in fp32) and its backward by autograd,
-    what a PyTorch user gets without hand-written gradients. The forward graph is built once; the
-    returned callable runs torch.autograd.grad on it (retain_graph), so only the backward is timed.
-    Selection (topk_indices) is taken from ctx: it has no gradient. None without PyTorch."""
+    (_torch_layer_out: torch._grouped_mm experts, bf16 throughout, the router in fp32) and its
+    backward by autograd, what a PyTorch user gets without hand-written gradients. The forward
+    graph is built once; the returned callable runs torch.autograd.grad on it (retain_graph), so
+    only the backward is timed. Selection (topk_indices) is taken from ctx: it has no gradient.
+    None without PyTorch."""
     peer = _torch_routing(ctx)
     if peer is None:
         return None
     torch, gmm, t, slots, tok, offs = peer
-    import torch.nn.functional as F
-    r_ = ctx.config.routed_scaling_factor
-    leaf = lambda a: t(a).detach().clone().requires_grad_()
+    cfg = ctx.config
+    leaf = lambda a: None if a is None else t(a).detach().clone().requires_grad_()
     x = leaf(ctx.hidden_states)
     Wr, Wg, Wu, Wd, Wsg, Wsu, Wsd = (leaf(a) for a in (
         ctx.router_weight, ctx.expert_gate_weight, ctx.expert_up_weight, ctx.expert_down_weight,
         ctx.shared_expert_gate_weight, ctx.shared_expert_up_weight, ctx.shared_expert_down_weight))
     idx = t(ctx.topk_indices).long()
     scores = torch.sigmoid(x.float() @ Wr.float().t())
-    s_sel = torch.gather(scores, 1, idx)
-    w = s_sel / (s_sel.sum(1, keepdim=True) + 1e-20) * r_
-    xs = x[tok]
-    g = gmm(xs, Wg.transpose(1, 2), offs=offs)
-    u = gmm(xs, Wu.transpose(1, 2), offs=offs)
-    y = gmm(F.silu(g) * u, Wd.transpose(1, 2), offs=offs)
-    y = y * w.reshape(-1)[slots][:, None].to(y.dtype)
-    out = torch.zeros_like(x).index_add(0, tok, y)
-    out = out + (F.silu(x @ Wsg.t()) * (x @ Wsu.t())) @ Wsd.t()
+    w = torch.gather(scores, 1, idx)
+    if cfg.norm_topk_prob:
+        w = w / (w.sum(1, keepdim=True) + 1e-20)
+    w = w * cfg.routed_scaling_factor
+    out = _torch_layer_out(torch, gmm, x, w.reshape(-1)[slots], tok, offs, (Wg, Wu, Wd, Wsg, Wsu, Wsd))
     dyt = t(dy)
-    inputs = [x, Wr, Wg, Wu, Wd, Wsg, Wsu, Wsd]
+    inputs = [a for a in (x, Wr, Wg, Wu, Wd, Wsg, Wsu, Wsd) if a is not None]
 
     def run():
-        dx, dWr, dWg, dWu, dWd, dWsg, dWsu, dWsd = torch.autograd.grad(out, inputs, dyt, retain_graph=True)
-        return dx, dWr, dWg, dWu, dWd, dWsg, dWsu, dWsd
+        return torch.autograd.grad(out, inputs, dyt, retain_graph=True)
 
     return run
 
@@ -491,6 +550,13 @@ def layer_flops(cfg, T):
     gate, up and down), routed and shared alike, plus the router's 4 H E."""
     H, I = cfg.hidden_size, cfg.moe_intermediate_size
     return T * (12 * H * I * (cfg.num_experts_per_tok + cfg.n_shared_experts) + 4 * H * cfg.n_routed_experts)
+
+
+def layer_forward_flops(cfg, T):
+    """The layer forward's FLOPs: 6 H I per token and expert it runs through (gate, up, down),
+    routed and shared alike, plus the router's 2 H E."""
+    H, I = cfg.hidden_size, cfg.moe_intermediate_size
+    return T * (6 * H * I * (cfg.num_experts_per_tok + cfg.n_shared_experts) + 2 * H * cfg.n_routed_experts)
 
 
 def _free_pools():
@@ -560,16 +626,53 @@ def layer_table(reps, Ts, model="glm45_air"):
         _free_pools()
 
 
+def layer_forward_table(reps, Ts, model="glm45_air"):
+    """moe_forward, routing included, against the same forward in PyTorch (layer_torch_forward_peer)."""
+    import cupy as cp
+
+    import cupy_moe
+    from cupy_moe.testing import make_moe_inputs, relative_error
+
+    measure = timer(reps)
+    cfg = getattr(cupy_moe.MoEConfig, model)()
+    print(f"\nFull {MODELS[model]} layer forward (routing included); ms, median of {reps}, L2 flushed")
+    print("torch: the same forward in PyTorch (sigmoid router, group-limited top-k, a stable sort,\n"
+          "torch._grouped_mm experts, bf16 throughout): the autograd peer's forward with its own routing")
+    print(f"{'T':>6} {'ours':>8} {'torch':>8} {'x torch':>7} {'TFLOP/s':>8} {'%789':>6} relerr(out) vs torch")
+    args = make_moe_inputs(cfg, max(Ts), seed=0, xp=cp)
+    for T in Ts:
+        a = dict(args, hidden_states=args["hidden_states"][:T].copy())
+        out, _ = cupy_moe.moe_forward(**a, config=cfg)
+        t_ours = measure(lambda: cupy_moe.moe_forward(**a, config=cfg), warmup=2) / 1e3
+        t_torch, err = float("nan"), float("nan")
+        try:
+            run = layer_torch_forward_peer(a, cfg)
+            if run is not None:
+                err = relative_error(out, cp.from_dlpack(run()))
+                t_torch = measure(run, warmup=1) / 1e3
+        except Exception as exc:  # pragma: no cover - depends on the torch build
+            print(f"  torch forward peer unavailable: {type(exc).__name__}: {exc}")
+        finally:
+            run = None
+            _free_pools()
+        flops = layer_forward_flops(cfg, T)
+        print(f"{T:>6} {t_ours:8.2f} {t_torch:8.2f} {t_torch / t_ours:7.2f} {flops / t_ours / 1e9:8.1f} "
+              f"{100 * flops / t_ours / 1e9 / 789:5.1f}% {err:.1e}")
+        del out
+        _free_pools()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--gemm", action="store_true")
     ap.add_argument("--sol080", action="store_true")
     ap.add_argument("--layer", action="store_true")
+    ap.add_argument("--forward", action="store_true", help="the layer's forward against PyTorch's")
     ap.add_argument("--T", default="4096,8192,16384")
     ap.add_argument("--model", default="glm45_air", choices=sorted(MODELS))
     args = ap.parse_args(argv)
-    both = not (args.gemm or args.sol080 or args.layer)
+    both = not (args.gemm or args.sol080 or args.layer or args.forward)
     ceilings = machine_ceilings(args.reps)
     if args.gemm or both:
         gemm_table(args.reps)
@@ -577,6 +680,8 @@ def main(argv=None):
         sol080_table(args.reps, ceilings)
     if args.layer or both:
         layer_table(args.reps, [int(t) for t in args.T.split(",")], args.model)
+    if args.forward or both:
+        layer_forward_table(args.reps, [int(t) for t in args.T.split(",")], args.model)
 
 
 if __name__ == "__main__":
