@@ -2,7 +2,8 @@
 
 Without a usable GPU (no CuPy, no device, or not sm_90) it runs the same functions on NumPy arrays
 at a small config instead, through the NumPy reference. Prints what it did.
-Usage: python examples/moe_layer_backward.py [--tokens T]
+Usage: python examples/moe_layer_backward.py [--tokens T] [--model glm45_air|glm45|deepseek_v3]
+(--model on the GPU only: DeepSeek-V3's expert weights are 22.5 GB)
 """
 import argparse
 import time
@@ -10,7 +11,7 @@ import time
 import numpy as np
 
 import cupy_moe
-from cupy_moe.testing import make_moe_inputs
+from cupy_moe.testing import make_grad_output, make_moe_inputs
 
 
 def gpu_available():
@@ -24,19 +25,22 @@ def gpu_available():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=None)
+    ap.add_argument("--model", default="glm45_air", choices=["glm45_air", "glm45", "deepseek_v3"])
     args = ap.parse_args()
     if gpu_available():
         import cupy as xp
-        cfg, T, where = cupy_moe.MoEConfig.glm45_air(), args.tokens or 4096, "GPU (CuPy kernels)"
+        cfg, T, where = getattr(cupy_moe.MoEConfig, args.model)(), args.tokens or 4096, "GPU (CuPy kernels)"
     else:
         xp = np
         cfg = cupy_moe.MoEConfig(hidden_size=256, n_routed_experts=16, num_experts_per_tok=4,
                                  moe_intermediate_size=96, n_group=4, topk_group=2)
         T, where = args.tokens or 64, "CPU (NumPy reference; no sm_90 GPU found)"
+        if args.model != "glm45_air":
+            where += f"; --model {args.model} applies on the GPU only"
     print(f"cupy_moe {cupy_moe.__version__} on {where}")
     print(f"config: {cfg}")
     inputs = make_moe_inputs(cfg, T, seed=0, xp=xp)
-    dy = make_moe_inputs(cfg, T, seed=1, xp=xp)["hidden_states"]
+    dy = make_grad_output(cfg, T, seed=1, xp=xp)
 
     t0 = time.perf_counter()
     out, ctx = cupy_moe.moe_forward(**inputs, config=cfg)
