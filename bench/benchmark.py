@@ -552,13 +552,6 @@ def layer_flops(cfg, T):
     return T * (12 * H * I * (cfg.num_experts_per_tok + cfg.n_shared_experts) + 4 * H * cfg.n_routed_experts)
 
 
-def layer_forward_flops(cfg, T):
-    """The layer forward's FLOPs: 6 H I per token and expert it runs through (gate, up, down),
-    routed and shared alike, plus the router's 2 H E."""
-    H, I = cfg.hidden_size, cfg.moe_intermediate_size
-    return T * (6 * H * I * (cfg.num_experts_per_tok + cfg.n_shared_experts) + 2 * H * cfg.n_routed_experts)
-
-
 def _free_pools():
     """Hand cached device memory back between peers: at DeepSeek-V3 sizes each set of weight
     gradients is 22.5 GB, and CuPy's and PyTorch's pools would otherwise each keep their own."""
@@ -655,7 +648,7 @@ def layer_forward_table(reps, Ts, model="glm45_air"):
         finally:
             run = None
             _free_pools()
-        flops = layer_forward_flops(cfg, T)
+        flops = layer_flops(cfg, T) / 2  # one product a weight where the backward has two
         print(f"{T:>6} {t_ours:8.2f} {t_torch:8.2f} {t_torch / t_ours:7.2f} {flops / t_ours / 1e9:8.1f} "
               f"{100 * flops / t_ours / 1e9 / 789:5.1f}% {err:.1e}")
         del out
