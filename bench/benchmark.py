@@ -565,11 +565,41 @@ def _free_pools():
         pass
 
 
+def _inputs_per_T(cfg, Ts):
+    """(T, moe_forward's arguments at T tokens) for each T: one draw at the largest T (seed 0),
+    its first T tokens taken for each, so every T shares the same weights."""
+    import cupy as cp
+
+    from cupy_moe.testing import make_moe_inputs
+
+    args = make_moe_inputs(cfg, max(Ts), seed=0, xp=cp)
+    for T in Ts:
+        yield T, dict(args, hidden_states=args["hidden_states"][:T].copy())
+
+
+def _time_peer(measure, make, name, check, missing):
+    """(ms, check(its first result)) of the peer that make() returns (a no-argument callable, or
+    None without PyTorch); (NaN, missing) where it is absent or fails. Its memory is handed back
+    after, whichever way it ends."""
+    run = None
+    try:
+        run = make()
+        if run is not None:
+            checked = check(run())
+            return measure(run, warmup=1) / 1e3, checked
+    except Exception as exc:  # pragma: no cover - depends on the torch build
+        print(f"  {name} unavailable: {type(exc).__name__}: {exc}")
+    finally:
+        run = None
+        _free_pools()
+    return float("nan"), missing
+
+
 def layer_table(reps, Ts, model="glm45_air"):
     import cupy as cp
 
     import cupy_moe
-    from cupy_moe.testing import make_grad_output, make_moe_inputs, relative_error
+    from cupy_moe.testing import make_grad_output, relative_error
 
     measure = timer(reps)
     cfg = getattr(cupy_moe.MoEConfig, model)()
@@ -578,10 +608,8 @@ def layer_table(reps, Ts, model="glm45_air"):
           "layer's forward in torch._grouped_mm and its backward by autograd (anchors.md's peer)")
     print(f"{'T':>6} {'ours':>8} {'cupy':>8} {'torch':>8} {'torch ag':>8} {'x cupy':>7} {'x torch':>7} "
           f"{'x ag':>7} {'TFLOP/s':>8} {'%789':>6} relerr(dx, dWg) vs cupy / torch / torch ag; worst of 8 vs cupy")
-    args = make_moe_inputs(cfg, max(Ts), seed=0, xp=cp)
     dy_all = make_grad_output(cfg, max(Ts), seed=1, xp=cp)
-    for T in Ts:
-        a = dict(args, hidden_states=args["hidden_states"][:T].copy())
+    for T, a in _inputs_per_T(cfg, Ts):
         dy = dy_all[:T].copy()
         out, ctx = cupy_moe.moe_forward(**a, config=cfg)
         g = cupy_moe.moe_backward(dy, ctx)
@@ -593,20 +621,10 @@ def layer_table(reps, Ts, model="glm45_air"):
         t_ours = measure(lambda: cupy_moe.moe_backward(dy, ctx), warmup=2) / 1e3
         t_cupy = measure(lambda: layer_cupy_peer(dy, ctx), warmup=1) / 1e3
         def torch_peer(make, name):  # (ms, relative errors of dx and dWg), NaN without it
-            try:
-                run = make(dy, ctx)
-                if run is not None:
-                    q = run()
-                    errs = (relative_error(g.hidden_states, cp.from_dlpack(q[0])),
-                            relative_error(g.expert_gate_weight, cp.from_dlpack(q[2])))
-                    del q
-                    return measure(run, warmup=1) / 1e3, errs
-            except Exception as exc:  # pragma: no cover - depends on the torch build
-                print(f"  {name} unavailable: {type(exc).__name__}: {exc}")
-            finally:
-                run = None
-                _free_pools()
-            return float("nan"), (float("nan"),) * 2
+            return _time_peer(measure, lambda: make(dy, ctx), name,
+                              lambda q: (relative_error(g.hidden_states, cp.from_dlpack(q[0])),
+                                         relative_error(g.expert_gate_weight, cp.from_dlpack(q[2]))),
+                              (float("nan"),) * 2)
 
         t_torch, terr = torch_peer(layer_torch_peer, "torch peer")
         t_ag, agerr = torch_peer(layer_torch_autograd_peer, "torch autograd peer")
@@ -624,7 +642,7 @@ def layer_forward_table(reps, Ts, model="glm45_air"):
     import cupy as cp
 
     import cupy_moe
-    from cupy_moe.testing import make_moe_inputs, relative_error
+    from cupy_moe.testing import relative_error
 
     measure = timer(reps)
     cfg = getattr(cupy_moe.MoEConfig, model)()
@@ -632,22 +650,11 @@ def layer_forward_table(reps, Ts, model="glm45_air"):
     print("torch: the same forward in PyTorch (sigmoid router, group-limited top-k, a stable sort,\n"
           "torch._grouped_mm experts, bf16 throughout): the autograd peer's forward with its own routing")
     print(f"{'T':>6} {'ours':>8} {'torch':>8} {'x torch':>7} {'TFLOP/s':>8} {'%789':>6} relerr(out) vs torch")
-    args = make_moe_inputs(cfg, max(Ts), seed=0, xp=cp)
-    for T in Ts:
-        a = dict(args, hidden_states=args["hidden_states"][:T].copy())
+    for T, a in _inputs_per_T(cfg, Ts):
         out, _ = cupy_moe.moe_forward(**a, config=cfg)
         t_ours = measure(lambda: cupy_moe.moe_forward(**a, config=cfg), warmup=2) / 1e3
-        t_torch, err = float("nan"), float("nan")
-        try:
-            run = layer_torch_forward_peer(a, cfg)
-            if run is not None:
-                err = relative_error(out, cp.from_dlpack(run()))
-                t_torch = measure(run, warmup=1) / 1e3
-        except Exception as exc:  # pragma: no cover - depends on the torch build
-            print(f"  torch forward peer unavailable: {type(exc).__name__}: {exc}")
-        finally:
-            run = None
-            _free_pools()
+        t_torch, err = _time_peer(measure, lambda: layer_torch_forward_peer(a, cfg), "torch forward peer",
+                                  lambda q: relative_error(out, cp.from_dlpack(q)), float("nan"))
         flops = layer_flops(cfg, T) / 2  # one product a weight where the backward has two
         print(f"{T:>6} {t_ours:8.2f} {t_torch:8.2f} {t_torch / t_ours:7.2f} {flops / t_ours / 1e9:8.1f} "
               f"{100 * flops / t_ours / 1e9 / 789:5.1f}% {err:.1e}")
