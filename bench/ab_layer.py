@@ -4,7 +4,7 @@ against the first's (relative error).
 A variant is a comma list of knob=value: dwdt=0|1 (gpu.layer.DWD_TRANSPOSED), sbs=0|1 (the
 shared expert's weight gradients side by side: gpu.side_by_side.MIN_GAIN_STEPS), ring=N
 (gpu.gemm.STORE_RING), kwide=0 (the K-grouped weight gradients on ping-pong 128 x 128 tiles where
-gemm.wide_tiles_pay would take cooperative 128 x 256 ones), band=N (gpu.gemm.BAND_ROWS), nband=N (gpu.gemm.BAND_NARROW_ROWS), gband=N (gpu.gemm.BAND_GROUPED_ROWS), kgrate=X (gpu.side_by_side.K_GROUPED_FLOP_PER_SM_US: the combine's SMs
+gemm.wide_tiles_pay would take cooperative 128 x 256 ones), band=N (gpu.gemm.BAND_ROWS), nband=N (gpu.gemm.BAND_NARROW_ROWS), gband=N (gpu.gemm.BAND_GROUPED_ROWS), wband=N / wbytes=N (gpu.gemm.WIDE_B_BAND / WIDE_B_BYTES: M-grouped GEMMs with an expert's B over wbytes in bands of wband row tiles), kgrate=X (gpu.side_by_side.K_GROUPED_FLOP_PER_SM_US: the combine's SMs
 beside dWg through free_sms), bsm=X / fsm=X (gpu.side_by_side.BYTES_PER_SM_US / FLOP_PER_SM_US: the
 SMs of the dy scatter beside the shared d_act, and of the combine), f32tma=0|1 (gpu.gemm.F32_TMA), dyn=grouped|all|none (gpu.gemm.DYNAMIC_TILES), cfg.FIELD=N (gpu.gemm.CONFIG_OVERRIDE: that Sm90Config field on every
 Hopper GEMM; the caller keeps it within shared memory); a knob a variant does not name keeps the
@@ -50,6 +50,8 @@ def main():
         "band": Knob(gemm, "BAND_ROWS", integer),
         "nband": Knob(gemm, "BAND_NARROW_ROWS", integer),
         "gband": Knob(gemm, "BAND_GROUPED_ROWS", integer),
+        "wband": Knob(gemm, "WIDE_B_BAND", integer),
+        "wbytes": Knob(gemm, "WIDE_B_BYTES", integer),
         "f32tma": Knob(gemm, "F32_TMA", flag),
         "dyn": Knob(gemm, "DYNAMIC_TILES", text),
         "kgrate": Knob(side_by_side, "K_GROUPED_FLOP_PER_SM_US", lambda v, _d: float(v)),

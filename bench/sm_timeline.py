@@ -36,6 +36,9 @@ def reset():
         _global(mod, "cupy_moe_tile_trace_count", np.uint32, 1).fill(0)
 
 
+BLOCK_CAPACITY, TILE_CAPACITY = 1 << 18, 1 << 21  # trace.cuh kTraceCapacity, kTileTraceCapacity
+
+
 def collect_tiles():
     """{grid id: tile records} of the Hopper GEMMs' tiles (trace.cuh TRACE_TILE_END; RECORD's
     layout, "block" holding the tile)."""
@@ -44,6 +47,9 @@ def collect_tiles():
         n = int(_global(mod, "cupy_moe_tile_trace_count", np.uint32, 1).get()[0])
         if n == 0:
             continue
+        if n > TILE_CAPACITY:
+            print(f"(tile records: {n} written, the first {TILE_CAPACITY} kept: the last tiles are missing)")
+            n = TILE_CAPACITY
         recs = _global(mod, "cupy_moe_tile_trace", np.uint8, n * RECORD.itemsize).get().view(RECORD)
         for grid in np.unique(recs["grid"]):
             tiles[int(grid)] = recs[recs["grid"] == grid]
@@ -118,7 +124,7 @@ def collect():
     cp.cuda.Device().synchronize()
     launches = []
     for (_, entry, prelude), mod in traced_modules():
-        n = int(_global(mod, "cupy_moe_trace_count", np.uint32, 1).get()[0])
+        n = min(int(_global(mod, "cupy_moe_trace_count", np.uint32, 1).get()[0]), BLOCK_CAPACITY)
         if n == 0:
             continue
         raw = _global(mod, "cupy_moe_trace", np.uint8, n * RECORD.itemsize).get()

@@ -436,3 +436,25 @@ def test_launch_tiles_of_the_shared_expert_weight_gradients(host):
     assert G.launch_tiles(**wd) == 176
     assert G.launch_tiles(**dict(wgu, m=0)) == 0
     assert launches == []
+
+
+@pytest.mark.parametrize("H,I,wide", [(4096, 1408, False),   # GLM-4.5-Air: 23 MB of [Wg; Wu] a expert
+                                      (5120, 1536, False),   # GLM-4.5: 31.5 MB
+                                      (7168, 2048, True)])   # DeepSeek-V3: 58.7 MB
+def test_m_grouped_bands_where_an_experts_weights_fill_the_l2(host, H, I, wide):
+    """gemm.m_grouped_band: the routed dgrad [dg | du] @ [Wg; Wu] walks its row tiles in bands of
+    WIDE_B_BAND where one expert's B is over WIDE_B_BYTES (DeepSeek-V3), the plain order
+    elsewhere; the fused dgrad's Wd (half those bytes) keeps the plain order at every model."""
+    launches, _ = host
+    rows, offsets = 65536, _Array(0x8000_0000)
+    dg, du, wg, wu = (_Array(0x1000_0000 * (i + 1)) for i in range(4))
+    G.gemm(m=rows, n=H, segments=[G.Segment(dg, I, wg, H, k=I, b_group_stride=I * H),
+                                  G.Segment(du, I, wu, H, k=I, b_group_stride=I * H)],
+           a_kmajor=True, b_kmajor=False, out=_Array(0x9000_0000), ldc=H, grouping="m",
+           group_offsets=offsets, num_groups=128)
+    assert launches[-1][0][1].BAND_M == (G.WIDE_B_BAND if wide else 1), launches[-1][0][1]
+    G.gemm(m=rows, n=I, segments=[G.Segment(dg, H, wg, I, k=H, b_group_stride=H * I)], a_kmajor=True,
+           b_kmajor=False, out=_Array(0x9000_0000), ldc=I, grouping="m", group_offsets=offsets,
+           num_groups=128)
+    assert launches[-1][0][1].BAND_M == 1
+    assert G.WIDE_B_BAND > 1

@@ -645,6 +645,32 @@ def test_band_orders_give_the_same_bits(case, monkeypatch):
     _assert_same_bits(results, ref)
 
 
+@pytest.mark.parametrize("case", ["m-grouped", "m-one-group"])
+def test_wide_b_bands_give_the_same_bits(case, monkeypatch):
+    """M-grouped GEMMs whose expert's B is over gemm.WIDE_B_BYTES (DeepSeek-V3's routed dgrad)
+    take bands of WIDE_B_BAND row tiles through gemm.m_grouped_band: bitwise the plain order's
+    results, every element written, against NumPy too (empty groups, or all rows in one group;
+    bands of 4 and of 3, static and claimed)."""
+    from cupy_moe.gpu import gemm as G
+
+    ref, kw, out = _store_path_problem(np.random.default_rng(47), case)
+    bands = []
+    band_rows = G.band_rows
+    monkeypatch.setattr(G, "band_rows", lambda cfg, band=0: bands.append(band_rows(cfg, band)) or bands[-1])
+    results = []
+    for wide_bytes, wide_band in ((1 << 40, 4), (0, 4), (0, 3)):
+        for dynamic in ("none", "all"):
+            monkeypatch.setattr(G, "WIDE_B_BYTES", wide_bytes)
+            monkeypatch.setattr(G, "WIDE_B_BAND", wide_band)
+            monkeypatch.setattr(G, "DYNAMIC_TILES", dynamic)
+            G._prepared.clear()
+            out.fill(np.nan)
+            G.gemm(engine="sm90", **kw)
+            results.append(out.get())
+    assert bands == [1, 1, 4, 4, 3, 3]
+    _assert_same_bits(results, ref)
+
+
 @pytest.mark.parametrize("case", ["dense", "dense-one-kstep", "dense-64", "m-grouped", "m-one-group",
                                   "k-grouped", "k-transposed"])
 def test_deferred_stores_give_the_same_bits(case, monkeypatch):

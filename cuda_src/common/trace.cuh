@@ -55,7 +55,9 @@ struct TraceScope {
 
 // Per tile of the Hopper GEMM (bench/sm_timeline.py --tiles): which SM ran tile `tile` of the
 // launch, from the consumer's first wait for its operands to its last MMA's completion.
-__device__ TraceRecord cupy_moe_tile_trace[kTraceCapacity];
+// Five records a tile at most: DeepSeek-V3's layer backward runs ~390K tiles (64 MB of records).
+constexpr unsigned int kTileTraceCapacity = 1u << 21;
+__device__ TraceRecord cupy_moe_tile_trace[kTileTraceCapacity];
 __device__ unsigned int cupy_moe_tile_trace_count;
 
 // The consumer's epilogue of a tile (TRACE_EPI_*: from its last MMA's completion to its result
@@ -71,7 +73,7 @@ constexpr unsigned int kTraceProducerFirst = 0x10000000u;
 
 __device__ __forceinline__ void trace_tile(unsigned int tile, unsigned long long start) {
   const unsigned int n = atomicAdd(&cupy_moe_tile_trace_count, 1u);
-  if (n >= kTraceCapacity) return;
+  if (n >= kTileTraceCapacity) return;
   TraceRecord& r = cupy_moe_tile_trace[n];
   trace_stamp(r, tile, start);
   r.end = trace_now();

@@ -72,6 +72,17 @@ PAIRED_HALVES = os.environ.get("CUPY_MOE_PAIRED_HALVES", "1") != "0"
 BAND_ROWS = int(os.environ.get("CUPY_MOE_BAND_ROWS", "4"))
 BAND_NARROW_ROWS = int(os.environ.get("CUPY_MOE_BAND_NARROW", "1"))
 BAND_GROUPED_ROWS = int(os.environ.get("CUPY_MOE_BAND_GROUPED", "1"))
+# Except M-grouped GEMMs whose one expert's B (the sum over segments of k x n bf16) is most of the
+# L2 (50 MB on H100 / H200): their row tiles go in bands of WIDE_B_BAND. In the plain order an
+# expert's row tiles of one column are claimed tiles_n apart, a whole expert's B between them, and
+# DeepSeek-V3's 58.7 MB [Wg; Wu] a expert leaves L2 in between: its routed dgrad alone ran 7.0-7.1
+# ms balanced (6.1-6.2 with one weight for all experts), 6.1-6.3 in bands of 4 row tiles (2: 6.3,
+# 8: 6.4, 16: 7.3), -7..-10% with random routing too, the DeepSeek-V3 layer -3%. At ~30 MB a
+# expert (GLM-4.5's dgrad, DeepSeek-V3's fused dgrad) bands read +-3% by routing, and at
+# GLM-4.5-Air's 23 MB no gain or a loss (bench/grouped_alone.py, bench/NOTES.md v0.57).
+# CUPY_MOE_WIDE_B_BAND / CUPY_MOE_WIDE_B_BYTES set them (A/B; a band of 1 is the plain order).
+WIDE_B_BAND = int(os.environ.get("CUPY_MOE_WIDE_B_BAND", "4"))
+WIDE_B_BYTES = int(os.environ.get("CUPY_MOE_WIDE_B_BYTES", str(40 << 20)))
 # K-major A boxes that reach past the map's last row (zero-filled by the TMA unit) slow the loads
 # of every CTA of the GEMM, not only their own: SOL-080's dgrad shape alone at T = 449 ran 25.3-26.0
 # us against 20.5-20.6 with the last row tile's box cut to its rows, d_act's at 2053 48.5 against
@@ -277,7 +288,11 @@ class Sm90Config:
     BM = 128
     BK = 64
     THREADS = 384
-    SMEM_LIMIT = 227 * 1024  # sm_90's opt-in shared memory per block
+    # sm_90's opt-in shared memory per block, less the static shared memory of a traced build
+    # (trace.cuh's TraceScope slot, which the 1024-aligned dynamic block rounds up to 1024 bytes:
+    # without it a config that fills the limit, an M-grouped GEMM over DeepSeek-V3's 256
+    # experts, fails to launch under bench/sm_timeline.py).
+    SMEM_LIMIT = 227 * 1024 - (1024 if os.environ.get("CUPY_MOE_TRACE") == "1" else 0)
 
     @property
     def threads(self) -> int:
@@ -498,7 +513,7 @@ def prepare(*, m: int, n: int, segments: Sequence[Segment], a_kmajor: bool, b_km
     sw = swiglu if epilogue == "swiglu_backward" else None
     key = (cupy.cuda.Device().id, PINGPONG, STAGED_EPILOGUE, DYNAMIC_TILES, STORE_RING, PINGPONG_STORE_RING,
            F32_TMA, PAIRED_HALVES,
-           BAND_ROWS, BAND_NARROW_ROWS, BAND_GROUPED_ROWS, TAIL_BOXES, K_TAIL_BOXES,
+           BAND_ROWS, BAND_NARROW_ROWS, BAND_GROUPED_ROWS, WIDE_B_BAND, WIDE_B_BYTES, TAIL_BOXES, K_TAIL_BOXES,
            tuple(sorted(CONFIG_OVERRIDE.items())),
            m, n, a_kmajor, b_kmajor, opt(out), ldc, epilogue, grouping, opt(group_offsets),
            num_groups, c_group_stride, opt(gather_a), opt(gather_b), gather_div, engine, k_splits,
@@ -702,6 +717,12 @@ def band_rows(cfg: Sm90Config, band: int = 0) -> int:
     return band or (BAND_GROUPED_ROWS if cfg.GROUPING else BAND_ROWS if cfg.BN == 256 else BAND_NARROW_ROWS)
 
 
+def m_grouped_band(segments, n: int) -> int:
+    """The bands of an M-grouped GEMM's row tiles (0: band_rows' default): WIDE_B_BAND where one
+    expert's B is over WIDE_B_BYTES."""
+    return WIDE_B_BAND if 2 * n * sum(s.k for s in segments) > WIDE_B_BYTES else 0
+
+
 def even_round_ctas(tiles: int, sms: int) -> int:
     """The fewest CTAs that keep a persistent grid of `tiles` at its number of rounds on `sms`
     SMs (187 tiles on 132 SMs: 2 rounds, 94 CTAs instead of 132)."""
@@ -746,6 +767,8 @@ def _prepare_sm90(p, segments, m, n, grouping, num_groups, flags, k_splits=1,
     cfg = Sm90Config.choose(m_tiles * k_splits, n, sms, num_groups if grouping == "m" else 0,
                             pingpong, wide=wide and not staged and not cluster, C_TMA=c_tma,
                             E_STAGED=staged, SPLIT_K=k_splits > 1, SPLIT_CLUSTER=cluster, **flags)
+    if grouping == "m" and not band:
+        band = m_grouped_band(segments, n)
     cfg = dataclasses.replace(cfg, BAND_M=band_rows(cfg, band))
     if CONFIG_OVERRIDE:
         cfg = dataclasses.replace(cfg, **CONFIG_OVERRIDE)
