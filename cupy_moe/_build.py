@@ -135,13 +135,18 @@ _modules = {}  # (device, entry, prelude) -> cupy.RawModule
 TRACE_DEFINE = "#define CUPY_MOE_TRACE 1\n"
 
 
+def tracing() -> bool:
+    """Whether kernels are built with trace.cuh's records (CUPY_MOE_TRACE=1, bench/sm_timeline.py)."""
+    return os.environ.get("CUPY_MOE_TRACE") == "1"
+
+
 def load_module(entry: str, prelude: str = ""):
     """The cupy.RawModule of an entry for the current device (compiled and loaded at most once).
     With CUPY_MOE_TRACE=1 in the environment every kernel records its blocks' SMs and times
     (cuda_src/common/trace.cuh; read by bench/sm_timeline.py): other cubins, the same math."""
     import cupy
 
-    if os.environ.get("CUPY_MOE_TRACE") == "1":
+    if tracing():
         prelude = TRACE_DEFINE + prelude
     watchdog = os.environ.get("CUPY_MOE_WATCHDOG") == "1"
     if watchdog:

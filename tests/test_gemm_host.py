@@ -447,13 +447,13 @@ def test_m_grouped_bands_where_an_experts_weights_fill_the_l2(host, H, I, wide):
     elsewhere; the fused dgrad's Wd (half those bytes) keeps the plain order at every model."""
     launches, _ = host
     rows, offsets = 65536, _Array(0x8000_0000)
-    dg, du, wg, wu = (_Array(0x1000_0000 * (i + 1)) for i in range(4))
+    dg, du, dy, wg, wu, wd = (_Array(0x1000_0000 * (i + 1)) for i in range(6))
     G.gemm(m=rows, n=H, segments=[G.Segment(dg, I, wg, H, k=I, b_group_stride=I * H),
                                   G.Segment(du, I, wu, H, k=I, b_group_stride=I * H)],
            a_kmajor=True, b_kmajor=False, out=_Array(0x9000_0000), ldc=H, grouping="m",
            group_offsets=offsets, num_groups=128)
     assert launches[-1][0][1].BAND_M == (G.WIDE_B_BAND if wide else 1), launches[-1][0][1]
-    G.gemm(m=rows, n=I, segments=[G.Segment(dg, H, wg, I, k=H, b_group_stride=H * I)], a_kmajor=True,
+    G.gemm(m=rows, n=I, segments=[G.Segment(dy, H, wd, I, k=H, b_group_stride=H * I)], a_kmajor=True,
            b_kmajor=False, out=_Array(0x9000_0000), ldc=I, grouping="m", group_offsets=offsets,
            num_groups=128)
     assert launches[-1][0][1].BAND_M == 1

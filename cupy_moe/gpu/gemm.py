@@ -77,7 +77,7 @@ BAND_GROUPED_ROWS = int(os.environ.get("CUPY_MOE_BAND_GROUPED", "1"))
 # expert's row tiles of one column are claimed tiles_n apart, a whole expert's B between them, and
 # DeepSeek-V3's 58.7 MB [Wg; Wu] a expert leaves L2 in between: its routed dgrad alone ran 7.0-7.1
 # ms balanced (6.1-6.2 with one weight for all experts), 6.1-6.3 in bands of 4 row tiles (2: 6.3,
-# 8: 6.4, 16: 7.3), -7..-10% with random routing too, the DeepSeek-V3 layer -3%. At ~30 MB a
+# 8: 6.4, 16: 7.3), -7..-10% with random routing too, the DeepSeek-V3 layer -4%. At ~30 MB a
 # expert (GLM-4.5's dgrad, DeepSeek-V3's fused dgrad) bands read +-3% by routing, and at
 # GLM-4.5-Air's 23 MB no gain or a loss (bench/grouped_alone.py, bench/NOTES.md v0.57).
 # CUPY_MOE_WIDE_B_BAND / CUPY_MOE_WIDE_B_BYTES set them (A/B; a band of 1 is the plain order).
@@ -292,7 +292,7 @@ class Sm90Config:
     # (trace.cuh's TraceScope slot, which the 1024-aligned dynamic block rounds up to 1024 bytes:
     # without it a config that fills the limit, an M-grouped GEMM over DeepSeek-V3's 256
     # experts, fails to launch under bench/sm_timeline.py).
-    SMEM_LIMIT = 227 * 1024 - (1024 if os.environ.get("CUPY_MOE_TRACE") == "1" else 0)
+    SMEM_LIMIT = 227 * 1024 - (1024 if _build.tracing() else 0)
 
     @property
     def threads(self) -> int:
