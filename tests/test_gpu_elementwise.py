@@ -37,3 +37,27 @@ def test_rows_by_expert_equals_the_gather(tokens, width, K):
     want = gather_rows(cp.asarray(src), cp.asarray(sorted_slots), K).get()
     np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
     np.testing.assert_array_equal(got.view(np.uint16), src[sorted_slots // K].view(np.uint16))
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 4099, 1_000_003])
+def test_swiglu_forward_vector_and_element_paths(n):
+    """a = bf16(silu(g) u): 16-byte chunks where gate, up and a are 16-byte aligned, element by
+    element where not (views one element in) and for the last n % 8: bitwise the same values, and
+    within bf16's rounding of NumPy's fp32 (every element written: the output is poisoned)."""
+    import cupy as cp
+    from cupy_moe.gpu.elementwise import swiglu_forward
+
+    rng = np.random.default_rng(n)
+    g = (rng.standard_normal(n + 1, dtype=np.float32) * 6).astype(bfloat16)  # sigmoid's tails too
+    u = rng.standard_normal(n + 1, dtype=np.float32).astype(bfloat16)
+    gd, ud = cp.asarray(g), cp.asarray(u)
+    aligned = swiglu_forward(gd[:n], ud[:n]).get()
+    shifted = swiglu_forward(gd[1:], ud[1:]).get()  # 2-byte offsets: the element path
+    gf, uf = g.astype(np.float32), u.astype(np.float32)
+    want = (gf * (1 / (1 + np.exp(-gf))) * uf).astype(bfloat16)
+    for got, ref in ((aligned, want[:n]), (shifted, want[1:])):
+        assert not np.isnan(got.astype(np.float32)).any()
+        np.testing.assert_allclose(got.astype(np.float32), ref.astype(np.float32), rtol=1e-2, atol=1e-3)
+    # The shifted inputs through the vector path too: copied into fresh (aligned) arrays.
+    again = swiglu_forward(gd[1:].copy(), ud[1:].copy()).get()
+    np.testing.assert_array_equal(again.view(np.uint16), shifted.view(np.uint16))

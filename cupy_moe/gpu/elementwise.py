@@ -35,7 +35,7 @@ def swiglu_forward(gate, up):
     a = cp.empty_like(gate)
     n = gate.size
     _launch.launch(_build.load_module("swiglu.cu"), "swiglu_forward",
-                   (grid_stride_blocks(n),), (256,), [ptr(gate), ptr(up), ptr(a), i64(n)])
+                   (grid_stride_blocks(cdiv(n, 8)),), (256,), [ptr(gate), ptr(up), ptr(a), i64(n)])
     return a
 
 
